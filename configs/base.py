@@ -1,0 +1,102 @@
+"""BERT-Base pretraining (12 layers, width 768, 12 heads, L=128, 20 predictions per sequence).
+
+This file holds every default of bert_jax; `tiny.py` and `large.py` override a few of them.
+
+Run:
+  python launch/train.py --config=configs/base.py --workdir=runs/base
+  python launch/train.py --config=configs/base.py --config.train.batch_size=32
+"""
+
+import ml_collections
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = ml_collections.ConfigDict()
+  config.seed = 0  # Root seed: parameter init, data order and masking all derive from it.
+
+  # ---------------------------------------------------------------- model
+  # Field names follow HuggingFace's BertConfig so configs convert one-to-one.
+  config.model = ml_collections.ConfigDict()
+  config.model.vocab_size = 30522  # Must equal the prepared vocabulary's size.
+  config.model.hidden_size = 768  # Width H of every layer.
+  config.model.num_hidden_layers = 12  # Number of transformer layers.
+  config.model.num_attention_heads = 12  # Heads per attention layer; H must divide by it.
+  config.model.intermediate_size = 3072  # Width of the feed-forward (MLP) layer.
+  config.model.hidden_act = "gelu"  # "gelu" (exact erf, as BERT) or "gelu_new" (tanh approx).
+  config.model.hidden_dropout_prob = 0.1  # Dropout on embeddings and residual branches.
+  config.model.attention_probs_dropout_prob = 0.1  # Dropout on attention probabilities.
+  config.model.max_position_embeddings = 512  # Rows of the learned position table.
+  config.model.type_vocab_size = 2  # Segment ids (0 for A, 1 for B).
+  config.model.initializer_range = 0.02  # Std of the truncated-normal initializer.
+  config.model.layer_norm_eps = 1e-12  # LayerNorm epsilon, as in the original BERT.
+  config.model.dtype = "float32"  # Compute dtype: "float32" or "bfloat16".
+  config.model.param_dtype = "float32"  # Parameter (and optimizer state) dtype.
+
+  # ---------------------------------------------------------------- data
+  config.data = ml_collections.ConfigDict()
+  config.data.source = "builtin"  # "builtin" (docstring corpus, prepared into the workdir),
+  #                                  "prepared" (data.dataset_dir) or "synthetic" (random ids).
+  config.data.dataset_dir = ""  # A directory written by launch/prepare_data.py (source=prepared).
+  config.data.max_seq_length = 128  # Tokens per example, [CLS] A [SEP] B [SEP] included.
+  config.data.short_seq_prob = 0.1  # Fraction of examples with a random shorter target length.
+  config.data.dupe_factor = 5  # Passes over the corpus, each with its own seed (as the original).
+  config.data.validation_fraction = 0.01  # Documents held out for the validation split.
+  config.data.vocab_model_type = "unigram"  # sentencepiece model type for the builtin corpus.
+  config.data.builtin_max_mb = 0.0  # Cap on built-in corpus text in MB (0 = all of it).
+  config.data.num_workers = 0  # grain worker processes (0 = read in the main process).
+  config.data.prefetch = 2  # Batches prefetched to the devices ahead of the step.
+
+  # ---------------------------------------------------------------- masking
+  config.masking = ml_collections.ConfigDict()
+  config.masking.mask_prob = 0.15  # Fraction of eligible positions selected as MLM targets.
+  config.masking.max_predictions_per_seq = 20  # P: static number of target slots per sequence.
+  config.masking.mask_token_prob = 0.8  # Of the selected: replaced by [MASK].
+  config.masking.random_token_prob = 0.1  # Of the selected: replaced by a random token.
+  #                                          The rest (0.1) keep their token.
+  config.masking.whole_word_masking = False  # Select whole words (pieces of a word together).
+
+  # ---------------------------------------------------------------- train
+  config.train = ml_collections.ConfigDict()
+  config.train.batch_size = 256  # Global batch size (sequences per optimizer step).
+  config.train.num_train_steps = 1_000_000  # Optimizer steps.
+  config.train.optimizer = "adamw"  # "adamw" (BERT's) or "lamb".
+  config.train.learning_rate = 1e-4  # Peak learning rate, reached after warmup.
+  config.train.warmup_steps = 10_000  # Linear warmup from 0, then linear decay to 0.
+  config.train.weight_decay = 0.01  # Decoupled weight decay; not on LayerNorm or biases.
+  config.train.b1 = 0.9  # Adam beta1.
+  config.train.b2 = 0.999  # Adam beta2.
+  config.train.eps = 1e-6  # Adam epsilon (BERT uses 1e-6).
+  config.train.max_grad_norm = 1.0  # Clip by global norm (0 disables).
+  config.train.grad_accum_steps = 1  # Microbatches per step; batch_size must divide by it.
+  config.train.log_every_steps = 100  # Console / TensorBoard / metrics.jsonl interval.
+  config.train.eval_every_steps = 10_000  # Held-out evaluation interval (0 disables).
+  config.train.eval_batch_size = 256  # Global batch size for evaluation.
+  config.train.eval_max_batches = 0  # Cap on eval batches (0 = the whole validation split).
+
+  # ---------------------------------------------------------------- mesh / sharding
+  config.mesh = ml_collections.ConfigDict()
+  config.mesh.data = -1  # Data-parallel axis size (-1: all devices left over).
+  config.mesh.fsdp = 1  # Parameter/optimizer-state sharding axis (ZeRO-3 style).
+  config.mesh.tensor = 1  # Tensor (model) parallel axis: heads and MLP width.
+  config.mesh.dcn_data = 1  # Data-parallel replicas across slices (DCN); 1 = one slice.
+  # Logical axis name -> mesh axis (or axes, or None = replicated).
+  config.mesh.logical_axis_rules = (
+      ("batch", ("data", "fsdp")),
+      ("vocab", "tensor"),
+      ("embed", "fsdp"),
+      ("mlp", "tensor"),
+      ("heads", "tensor"),
+      ("kv", None),
+      ("length", None),
+  )
+
+  # ---------------------------------------------------------------- checkpoint
+  config.checkpoint = ml_collections.ConfigDict()
+  config.checkpoint.save_every_steps = 10_000  # Checkpoint interval in steps.
+  config.checkpoint.max_to_keep = 3  # Keep the newest N checkpoints.
+  config.checkpoint.async_save = True  # Write checkpoints in a background thread.
+
+  # ---------------------------------------------------------------- logging
+  config.logging = ml_collections.ConfigDict()
+  config.logging.tensorboard = True  # Write TensorBoard summaries to <workdir>/tensorboard.
+  return config
