@@ -1,0 +1,218 @@
+"""HuggingFace BERT state dicts <-> bert_jax params.
+
+One table (`_param_table`) lists every parameter once: its HuggingFace name, its path in the
+bert_jax tree and the layout change between them (PyTorch `Linear` stores [out, in]; Flax stores
+[in, out], with attention kernels split per head). Both directions read the same table.
+"""
+
+import dataclasses
+import warnings
+from typing import Any, Mapping
+
+import numpy as np
+
+from bert_jax.model import BertConfig
+
+# HuggingFace keys that are buffers, not parameters: accepted and ignored.
+_BUFFER_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")
+# Parameters of the pretraining heads (outside `bert`), by head, for the "missing heads" note.
+_HEADS = {"MLM head": "cls.predictions.", "NSP head": "cls.seq_relationship."}
+
+
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+  hf_name: str  # BertForPreTraining name.
+  path: tuple[str, ...]  # Path in the bert_jax params tree.
+  layout: str  # "copy", "linear", "heads_in" (q/k/v kernel), "heads_bias", "heads_out".
+
+
+def _param_table(config: BertConfig) -> list[_Entry]:
+  entries = []
+
+  def add(hf, path, layout="copy"):
+    entries.append(_Entry(hf, tuple(path.split("/")), layout))
+
+  def layer_norm(hf, path):
+    add(f"{hf}.weight", f"{path}/scale")
+    add(f"{hf}.bias", f"{path}/bias")
+
+  def linear(hf, path, kernel_layout="linear", bias_layout="copy"):
+    add(f"{hf}.weight", f"{path}/kernel", kernel_layout)
+    add(f"{hf}.bias", f"{path}/bias", bias_layout)
+
+  e = "bert.embeddings"
+  for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
+    add(f"{e}.{name}.weight", f"bert/embeddings/{name}/embedding")
+  layer_norm(f"{e}.LayerNorm", "bert/embeddings/LayerNorm")
+  for i in range(config.num_hidden_layers):
+    hf, ours = f"bert.encoder.layer.{i}", f"bert/layer_{i}"
+    for name in ("query", "key", "value"):
+      linear(f"{hf}.attention.self.{name}", f"{ours}/attention/{name}", "heads_in", "heads_bias")
+    linear(f"{hf}.attention.output.dense", f"{ours}/attention/output", "heads_out")
+    layer_norm(f"{hf}.attention.output.LayerNorm", f"{ours}/attention_LayerNorm")
+    linear(f"{hf}.intermediate.dense", f"{ours}/intermediate")
+    linear(f"{hf}.output.dense", f"{ours}/output")
+    layer_norm(f"{hf}.output.LayerNorm", f"{ours}/output_LayerNorm")
+  linear("bert.pooler.dense", "bert/pooler")
+  linear("cls.predictions.transform.dense", "mlm/transform")
+  layer_norm("cls.predictions.transform.LayerNorm", "mlm/transform_LayerNorm")
+  add("cls.predictions.bias", "mlm/bias")
+  linear("cls.seq_relationship", "nsp")
+  return entries
+
+
+def _hf_shape(entry: _Entry, config: BertConfig, ours_shape: tuple[int, ...]) -> tuple[int, ...]:
+  if entry.layout == "linear":
+    return ours_shape[::-1]
+  if entry.layout == "heads_in":  # [H, N, D] <- [N*D, H]
+    return (ours_shape[1] * ours_shape[2], ours_shape[0])
+  if entry.layout == "heads_bias":
+    return (ours_shape[0] * ours_shape[1],)
+  if entry.layout == "heads_out":  # [N, D, H] <- [H, N*D]
+    return (ours_shape[2], ours_shape[0] * ours_shape[1])
+  return ours_shape
+
+
+def _expected_shapes(config: BertConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
+  """Shapes of every bert_jax parameter, from the model itself (no compute)."""
+  import jax  # Local: keeps `config_from_hf` importable without initialising a backend.
+  import jax.numpy as jnp
+  import flax.linen as nn
+  from bert_jax.model import BertForPreTraining
+  ids = jnp.zeros((1, 2), jnp.int32)
+  abstract = jax.eval_shape(
+      lambda: BertForPreTraining(config).init(jax.random.key(0), ids, ids, ids, ids))
+  flat = {}
+  for path, leaf in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(abstract["params"]))[0]:
+    flat[tuple(k.key for k in path)] = tuple(leaf.shape)
+  return flat
+
+
+def _to_ours(array: np.ndarray, entry: _Entry, ours_shape) -> np.ndarray:
+  if entry.layout in ("linear", "heads_in", "heads_out"):
+    return array.T.reshape(ours_shape)
+  return array.reshape(ours_shape)
+
+
+def _to_hf(array: np.ndarray, entry: _Entry, hf_shape) -> np.ndarray:
+  if entry.layout in ("linear", "heads_in", "heads_out"):
+    return array.reshape(hf_shape[::-1]).T
+  return array.reshape(hf_shape)
+
+
+def config_from_hf(hf_config: Mapping[str, Any]) -> BertConfig:
+  """A HuggingFace `config.json` dict -> BertConfig (HF's defaults for absent fields)."""
+  model_type = hf_config.get("model_type", "bert")
+  if model_type != "bert":
+    raise ValueError(f"config model_type is {model_type!r}, not 'bert'")
+  position_type = hf_config.get("position_embedding_type", "absolute")
+  if position_type != "absolute":
+    raise ValueError(f"position_embedding_type={position_type!r} is not supported (only "
+                     "BERT's learned absolute positions)")
+  fields = [f.name for f in dataclasses.fields(BertConfig) if f.name not in ("dtype", "param_dtype")]
+  return BertConfig(**{name: hf_config[name] for name in fields if name in hf_config})
+
+
+def _as_numpy(value) -> np.ndarray:
+  if hasattr(value, "detach"):  # A torch tensor: no torch import needed.
+    value = value.detach().cpu().float().numpy() if str(value.dtype) == "torch.bfloat16" \
+        else value.detach().cpu().numpy()
+  return np.asarray(value)
+
+
+def _normalise_keys(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
+  """Accepts BertModel keys (no prefix) and BertForPreTraining/MaskedLM keys (`bert.` prefix)."""
+  keys = list(state_dict)
+  has_prefix = any(k.startswith(("bert.", "cls.")) for k in keys)
+  out = {}
+  for key, value in state_dict.items():
+    if key.endswith(_BUFFER_SUFFIXES):
+      continue
+    name = key if has_prefix or key.startswith("cls.") else f"bert.{key}"
+    out[name] = _as_numpy(value)
+  return out
+
+
+def params_from_hf(state_dict: Mapping[str, Any], config: BertConfig) -> dict:
+  """HF `BertModel`/`BertForPreTraining`/`BertForMaskedLM` state dict -> bert_jax params.
+
+  Values may be numpy arrays or torch tensors. Parameters of heads the checkpoint lacks (the
+  pooler, MLM or NSP head) are left out and named in a warning; they are never invented.
+  Unknown keys, missing encoder keys and shape mismatches raise a ValueError naming the key.
+  """
+  tensors = _normalise_keys(state_dict)
+  shapes = _expected_shapes(config)
+  table = _param_table(config)
+  known = {entry.hf_name for entry in table}
+  decoder_weight = tensors.pop("cls.predictions.decoder.weight", None)
+  decoder_bias = tensors.pop("cls.predictions.decoder.bias", None)
+  if decoder_bias is not None and "cls.predictions.bias" not in tensors:
+    tensors["cls.predictions.bias"] = decoder_bias
+  unknown = sorted(set(tensors) - known)
+  if unknown:
+    raise ValueError(f"Unknown keys in the checkpoint (not part of BERT): {unknown[:10]}"
+                     + (f" and {len(unknown) - 10} more" if len(unknown) > 10 else ""))
+
+  # Optional groups (pooler, heads) must be present whole or absent whole.
+  groups = {"pooler": "bert.pooler.", **_HEADS}
+  absent = []
+  for group, prefix in groups.items():
+    names = [e.hf_name for e in table if e.hf_name.startswith(prefix)]
+    present = [n for n in names if n in tensors]
+    if not present:
+      absent.append(group)
+    elif len(present) < len(names):
+      raise ValueError(f"Missing key in the checkpoint: "
+                       f"{next(n for n in names if n not in tensors)} (the {group} is incomplete)")
+  skipped = tuple(groups[g] for g in absent)
+
+  params: dict = {}
+  for entry in table:
+    if entry.hf_name.startswith(skipped):
+      continue
+    if entry.hf_name not in tensors:
+      raise ValueError(f"Missing key in the checkpoint: {entry.hf_name}")
+    array = tensors[entry.hf_name]
+    ours_shape = shapes[entry.path]
+    expected = _hf_shape(entry, config, ours_shape)
+    if tuple(array.shape) != expected:
+      raise ValueError(f"Shape mismatch for {entry.hf_name}: checkpoint has {tuple(array.shape)},"
+                       f" the config expects {expected}")
+    node = params
+    for key in entry.path[:-1]:
+      node = node.setdefault(key, {})
+    node[entry.path[-1]] = _to_ours(array, entry, ours_shape).astype(config.param_dtype)
+
+  if decoder_weight is not None and not np.allclose(
+      decoder_weight, tensors["bert.embeddings.word_embeddings.weight"], atol=1e-6):
+    raise ValueError("cls.predictions.decoder.weight differs from the word embeddings; bert_jax "
+                     "ties the MLM decoder to the embeddings as BERT does")
+  if absent:
+    warnings.warn(f"The checkpoint has no {', '.join(absent)}; only the parameters present were "
+                  "converted (the missing ones must be initialised, e.g. by fine-tuning)",
+                  stacklevel=2)
+  return params
+
+
+def params_to_hf(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:
+  """bert_jax `BertForPreTraining` params -> state dict with BertForPreTraining names (numpy),
+  including the tied decoder weight and bias that `load_state_dict(strict=True)` expects."""
+  shapes = _expected_shapes(config)
+  out = {}
+  for entry in _param_table(config):
+    node = params
+    try:
+      for key in entry.path:
+        node = node[key]
+    except KeyError as error:
+      raise ValueError(f"params lack {'/'.join(entry.path)} (needed for {entry.hf_name})") \
+          from error
+    array = np.asarray(node, dtype=np.float32)
+    if tuple(array.shape) != shapes[entry.path]:
+      raise ValueError(f"Shape mismatch for {'/'.join(entry.path)}: {tuple(array.shape)} vs "
+                       f"{shapes[entry.path]} from the config")
+    out[entry.hf_name] = np.ascontiguousarray(
+        _to_hf(array, entry, _hf_shape(entry, config, shapes[entry.path])))
+  out["cls.predictions.decoder.weight"] = out["bert.embeddings.word_embeddings.weight"]
+  out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"]
+  return out

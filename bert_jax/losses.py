@@ -1,0 +1,72 @@
+"""BERT's pretraining losses, returned as sums and counts so means over batches and hosts are exact.
+
+The MLM loss covers exactly the selected targets (`masked_lm_weights` = 1), whether their input
+token was replaced by [MASK], by a random token, or left unchanged; unused slots weigh 0.
+"""
+
+import jax
+import jax.numpy as jnp
+
+
+def _cross_entropy(logits, labels):
+  """logits [..., C] f32, labels [...] int -> per-item negative log-likelihood [...] f32."""
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return -jnp.take_along_axis(log_probs, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def mlm_sums(mlm_logits, masked_lm_ids, masked_lm_weights) -> dict[str, jax.Array]:
+  """mlm_logits [B, P, V], masked_lm_ids [B, P], masked_lm_weights [B, P] -> sums (f32 scalars):
+  `mlm_loss_sum` (weighted NLL), `mlm_correct_sum` (weighted argmax hits), `mlm_count` (weights)."""
+  weights = masked_lm_weights.astype(jnp.float32)
+  nll = _cross_entropy(mlm_logits, masked_lm_ids)  # [B, P]
+  correct = (jnp.argmax(mlm_logits, axis=-1) == masked_lm_ids).astype(jnp.float32)
+  return {
+      "mlm_loss_sum": jnp.sum(nll * weights),
+      "mlm_correct_sum": jnp.sum(correct * weights),
+      "mlm_count": jnp.sum(weights),
+  }
+
+
+def nsp_sums(nsp_logits, next_sentence_label, example_weight=None) -> dict[str, jax.Array]:
+  """nsp_logits [B, 2], next_sentence_label [B] (0 = real continuation, 1 = random),
+  example_weight [B] or None -> `nsp_loss_sum`, `nsp_correct_sum`, `nsp_count`."""
+  weights = (jnp.ones(nsp_logits.shape[:1], jnp.float32) if example_weight is None
+             else example_weight.astype(jnp.float32))
+  nll = _cross_entropy(nsp_logits, next_sentence_label)  # [B]
+  correct = (jnp.argmax(nsp_logits, axis=-1) == next_sentence_label).astype(jnp.float32)
+  return {
+      "nsp_loss_sum": jnp.sum(nll * weights),
+      "nsp_correct_sum": jnp.sum(correct * weights),
+      "nsp_count": jnp.sum(weights),
+  }
+
+
+def pretraining_loss(outputs, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
+  """outputs of BertForPreTraining and a masked batch -> (scalar loss to differentiate, sums).
+
+  loss = MLM NLL / number of selected targets + NSP NLL / number of sequences, as in
+  google-research/bert. `batch["example_weight"]` (eval padding) zeroes whole examples.
+  """
+  example_weight = batch.get("example_weight")  # Present only in eval batches.
+  mlm_weights = batch["masked_lm_weights"]
+  if example_weight is not None:
+    mlm_weights = mlm_weights * example_weight[:, None]
+  sums = {
+      **mlm_sums(outputs["mlm_logits"], batch["masked_lm_ids"], mlm_weights),
+      **nsp_sums(outputs["nsp_logits"], batch["next_sentence_label"], example_weight),
+  }
+  loss = (sums["mlm_loss_sum"] / jnp.maximum(sums["mlm_count"], 1.0)
+          + sums["nsp_loss_sum"] / jnp.maximum(sums["nsp_count"], 1.0))
+  return loss, sums
+
+
+def means(sums: dict) -> dict[str, float]:
+  """Sums (already added over batches / hosts) -> the mean metrics reported to users."""
+  mlm_count = max(float(sums["mlm_count"]), 1.0)
+  nsp_count = max(float(sums["nsp_count"]), 1.0)
+  return {
+      "mlm_loss": float(sums["mlm_loss_sum"]) / mlm_count,
+      "mlm_accuracy": float(sums["mlm_correct_sum"]) / mlm_count,
+      "nsp_loss": float(sums["nsp_loss_sum"]) / nsp_count,
+      "nsp_accuracy": float(sums["nsp_correct_sum"]) / nsp_count,
+  }

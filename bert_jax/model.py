@@ -1,0 +1,268 @@
+"""BERT (Devlin et al., 2018) in pure flax.linen: encoder, pooler, MLM and NSP heads.
+
+Read top to bottom: config -> embeddings -> attention -> layer -> encoder -> BertModel ->
+pretraining heads. Shapes: B batch, L sequence length, H hidden size, N heads, D head size,
+F intermediate size, P predictions per sequence, V vocabulary size.
+
+Every parameter carries logical axis names (see the constants below); `bert_jax/sharding.py`
+maps them onto the device mesh with the rules in `config.mesh.logical_axis_rules`.
+Softmax, LayerNorm statistics and the logits are computed in float32 whatever `dtype` is.
+"""
+
+import dataclasses
+from typing import Any
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+
+# Logical axis names of parameters and activations.
+BATCH = "batch"
+LENGTH = "length"
+EMBED = "embed"
+VOCAB = "vocab"
+MLP = "mlp"
+HEADS = "heads"
+KV = "kv"
+
+Dtype = Any
+
+
+@dataclasses.dataclass(frozen=True)
+class BertConfig:
+  """Model hyper-parameters, with HuggingFace's field names plus compute/param dtypes."""
+  vocab_size: int = 30522
+  hidden_size: int = 768
+  num_hidden_layers: int = 12
+  num_attention_heads: int = 12
+  intermediate_size: int = 3072
+  hidden_act: str = "gelu"
+  hidden_dropout_prob: float = 0.1
+  attention_probs_dropout_prob: float = 0.1
+  max_position_embeddings: int = 512
+  type_vocab_size: int = 2
+  initializer_range: float = 0.02
+  layer_norm_eps: float = 1e-12
+  dtype: Dtype = jnp.float32
+  param_dtype: Dtype = jnp.float32
+
+  def __post_init__(self):
+    if self.hidden_size % self.num_attention_heads:
+      raise ValueError(
+          f"hidden_size={self.hidden_size} is not divisible by "
+          f"num_attention_heads={self.num_attention_heads}")
+    if self.hidden_act not in _ACTIVATIONS:
+      raise ValueError(
+          f"hidden_act={self.hidden_act!r} is not supported; use one of {sorted(_ACTIVATIONS)}")
+    for name in ("dtype", "param_dtype"):  # Accept "bfloat16" etc. from configs.
+      object.__setattr__(self, name, jnp.dtype(getattr(self, name)))
+
+  @property
+  def head_dim(self) -> int:
+    return self.hidden_size // self.num_attention_heads
+
+  @classmethod
+  def from_config(cls, model_config) -> "BertConfig":
+    """Builds the frozen model config from the `config.model` ConfigDict section."""
+    fields = {f.name for f in dataclasses.fields(cls)}
+    values = dict(model_config)
+    unknown = sorted(set(values) - fields)
+    if unknown:
+      raise ValueError(f"Unknown config.model fields: {unknown}")
+    return cls(**values)
+
+
+_ACTIVATIONS = {
+    "gelu": lambda x: nn.gelu(x, approximate=False),  # BERT's exact erf GELU.
+    "gelu_new": lambda x: nn.gelu(x, approximate=True),
+    "relu": nn.relu,
+}
+
+
+def _init(config: BertConfig, axes: tuple[str | None, ...]):
+  return nn.with_logical_partitioning(
+      nn.initializers.truncated_normal(config.initializer_range), axes)
+
+
+def _zeros(axes: tuple[str | None, ...]):
+  return nn.with_logical_partitioning(nn.initializers.zeros_init(), axes)
+
+
+class LayerNorm(nn.Module):
+  """LayerNorm with f32 statistics and f32 scale/shift; returns `config.dtype`."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.config
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), (EMBED,)),
+                       (x.shape[-1],), c.param_dtype)
+    bias = self.param("bias", _zeros((EMBED,)), (x.shape[-1],), c.param_dtype)
+    x = x.astype(jnp.float32)
+    mean = jnp.mean(x, axis=-1, keepdims=True)
+    variance = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
+    y = (x - mean) * jax.lax.rsqrt(variance + c.layer_norm_eps)
+    y = y * scale.astype(jnp.float32) + bias.astype(jnp.float32)
+    return y.astype(c.dtype)
+
+
+def _dense(config: BertConfig, features: int, axes: tuple[str | None, str | None], name: str):
+  return nn.Dense(
+      features, dtype=config.dtype, param_dtype=config.param_dtype,
+      kernel_init=_init(config, axes), bias_init=_zeros((axes[1],)), name=name)
+
+
+class Embeddings(nn.Module):
+  """Token + learned position + segment embeddings, then LayerNorm and dropout."""
+  config: BertConfig
+
+  def setup(self):
+    c = self.config
+    embed = lambda n, name: nn.Embed(
+        n, c.hidden_size, dtype=c.dtype, param_dtype=c.param_dtype,
+        embedding_init=_init(c, (VOCAB, EMBED) if name == "word_embeddings" else (None, EMBED)),
+        name=name)
+    self.word_embeddings = embed(c.vocab_size, "word_embeddings")
+    self.position_embeddings = embed(c.max_position_embeddings, "position_embeddings")
+    self.token_type_embeddings = embed(c.type_vocab_size, "token_type_embeddings")
+    self.layer_norm = LayerNorm(c, name="LayerNorm")
+    self.dropout = nn.Dropout(c.hidden_dropout_prob)
+
+  def __call__(self, input_ids, token_type_ids, deterministic: bool):
+    length = input_ids.shape[1]
+    if length > self.config.max_position_embeddings:
+      raise ValueError(f"Sequence length {length} exceeds max_position_embeddings="
+                       f"{self.config.max_position_embeddings}")
+    x = (self.word_embeddings(input_ids)  # [B, L, H]
+         + self.position_embeddings(jnp.arange(length))[None]
+         + self.token_type_embeddings(token_type_ids))
+    x = self.layer_norm(x)
+    return self.dropout(x, deterministic=deterministic)
+
+  def attend(self, x):
+    """Scores of hidden states against every token embedding (the tied MLM decoder)."""
+    return self.word_embeddings.attend(x)  # [..., V]
+
+
+class SelfAttention(nn.Module):
+  """Bidirectional multi-head self-attention with a padding mask, output projection included."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, attention_bias, deterministic: bool):
+    c = self.config
+    proj = lambda name: nn.DenseGeneral(
+        (c.num_attention_heads, c.head_dim), dtype=c.dtype, param_dtype=c.param_dtype,
+        kernel_init=_init(c, (EMBED, HEADS, KV)), bias_init=_zeros((HEADS, KV)), name=name)
+    query = proj("query")(x)  # [B, L, N, D]
+    key = proj("key")(x)
+    value = proj("value")(x)
+    dropout_rate = 0.0 if deterministic else c.attention_probs_dropout_prob
+    if dropout_rate == 0.0:
+      # The fused path; it has no attention-probability dropout.
+      context = jax.nn.dot_product_attention(
+          query, key, value, bias=attention_bias.astype(query.dtype))  # [B, L, N, D]
+    else:
+      scores = jnp.einsum("bqnd,bknd->bnqk", query, key,
+                          preferred_element_type=jnp.float32) / jnp.sqrt(c.head_dim)
+      probs = jax.nn.softmax(scores + attention_bias, axis=-1)  # [B, N, L, L] f32
+      probs = nn.Dropout(dropout_rate)(probs, deterministic=False).astype(c.dtype)
+      context = jnp.einsum("bnqk,bknd->bqnd", probs, value)
+    return nn.DenseGeneral(
+        c.hidden_size, axis=(-2, -1), dtype=c.dtype, param_dtype=c.param_dtype,
+        kernel_init=_init(c, (HEADS, KV, EMBED)), bias_init=_zeros((EMBED,)),
+        name="output")(context)  # [B, L, H]
+
+
+class Layer(nn.Module):
+  """Post-LN transformer layer: x = LN(x + Attn(x)); x = LN(x + MLP(x))."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, attention_bias, deterministic: bool):
+    c = self.config
+    dropout = lambda y: nn.Dropout(c.hidden_dropout_prob)(y, deterministic=deterministic)
+    attended = SelfAttention(c, name="attention")(x, attention_bias, deterministic)
+    x = LayerNorm(c, name="attention_LayerNorm")(x + dropout(attended))
+    h = _dense(c, c.intermediate_size, (EMBED, MLP), "intermediate")(x)  # [B, L, F]
+    h = nn.with_logical_constraint(_ACTIVATIONS[c.hidden_act](h), (BATCH, LENGTH, MLP))
+    h = _dense(c, c.hidden_size, (MLP, EMBED), "output")(h)  # [B, L, H]
+    x = LayerNorm(c, name="output_LayerNorm")(x + dropout(h))
+    return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
+
+
+def attention_bias_from_mask(attention_mask, dtype=jnp.float32):
+  """[B, L] 1/0 padding mask -> additive bias [B, 1, 1, L]: 0 for keys to attend, a large
+  negative finite value for padding (finite, so a fully padded row gives no NaN)."""
+  big_negative = jnp.finfo(dtype).min
+  return jnp.where(attention_mask[:, None, None, :] > 0, 0.0, big_negative).astype(dtype)
+
+
+class BertModel(nn.Module):
+  """The encoder: returns (sequence_output [B, L, H], pooled_output [B, H])."""
+  config: BertConfig
+  add_pooling_layer: bool = True
+
+  def setup(self):
+    c = self.config
+    self.embeddings = Embeddings(c, name="embeddings")
+    self.layers = [Layer(c, name=f"layer_{i}") for i in range(c.num_hidden_layers)]
+    if self.add_pooling_layer:
+      self.pooler = _dense(c, c.hidden_size, (EMBED, EMBED), "pooler")
+
+  def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
+               deterministic: bool = True):
+    if token_type_ids is None:
+      token_type_ids = jnp.zeros_like(input_ids)
+    if attention_mask is None:
+      attention_mask = jnp.ones_like(input_ids)
+    bias = attention_bias_from_mask(attention_mask)  # [B, 1, 1, L], built once.
+    x = self.embeddings(input_ids, token_type_ids, deterministic)  # [B, L, H]
+    x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
+    for layer in self.layers:
+      x = layer(x, bias, deterministic)
+    pooled = jnp.tanh(self.pooler(x[:, 0])) if self.add_pooling_layer else None  # [B, H]
+    return x, pooled
+
+  def attend(self, x):
+    return self.embeddings.attend(x)
+
+
+def gather_positions(sequence, positions):
+  """sequence [B, L, H], positions [B, P] -> [B, P, H] (the original's gather_indexes)."""
+  return jnp.take_along_axis(sequence, positions[..., None].astype(jnp.int32), axis=1)
+
+
+class MaskedLMHead(nn.Module):
+  """Dense + activation + LayerNorm, then the decoder tied to the word embeddings + own bias."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, hidden, bert: BertModel):
+    c = self.config
+    h = _dense(c, c.hidden_size, (EMBED, EMBED), "transform")(hidden)
+    h = LayerNorm(c, name="transform_LayerNorm")(_ACTIVATIONS[c.hidden_act](h))
+    bias = self.param("bias", _zeros((VOCAB,)), (c.vocab_size,), c.param_dtype)
+    logits = bert.attend(h).astype(jnp.float32)  # [B, P, V]
+    return logits + bias.astype(jnp.float32)
+
+
+class BertForPreTraining(nn.Module):
+  """BERT with the MLM head (evaluated at `masked_lm_positions` only) and the NSP head."""
+  config: BertConfig
+
+  def setup(self):
+    self.bert = BertModel(self.config, name="bert")
+    self.mlm = MaskedLMHead(self.config, name="mlm")
+    self.nsp = _dense(self.config, 2, (EMBED, None), "nsp")
+
+  def __call__(self, input_ids, token_type_ids, attention_mask, masked_lm_positions,
+               deterministic: bool = True):
+    """input_ids/token_type_ids/attention_mask [B, L], masked_lm_positions [B, P] ->
+    {"mlm_logits": [B, P, V] f32, "nsp_logits": [B, 2] f32}."""
+    sequence, pooled = self.bert(input_ids, token_type_ids, attention_mask, deterministic)
+    masked = gather_positions(sequence, masked_lm_positions)  # [B, P, H]
+    return {
+        "mlm_logits": self.mlm(masked, self.bert),
+        "nsp_logits": self.nsp(pooled).astype(jnp.float32),
+    }
