@@ -1,0 +1,455 @@
+"""Corpus readers: each yields documents, a document being a list of sentences.
+
+A document is `list[str]` of non-empty, stripped sentences. Every reader streams (a generator),
+so a corpus never has to fit in memory. Sources:
+- `iter_bert_format`: google-research/bert's input format (one sentence per line, a blank line
+  between documents).
+- `iter_paragraph_text`: plain text, blank-line-separated documents, split into sentences here.
+- `iter_tfds_text`: a TFDS text dataset (e.g. `wikipedia/20230601.en`), read through
+  `tfds.data_source` (ArrayRecord; no TensorFlow needed).
+- `iter_builtin_docstrings`: the docstrings of the installed Python standard library and
+  site-packages, a default corpus available offline on every machine.
+"""
+
+from __future__ import annotations
+
+import ast
+import codecs
+import dataclasses
+import glob
+import hashlib
+import logging
+import os
+import re
+import sysconfig
+import threading
+import warnings
+from typing import Iterable, Iterator, Sequence
+
+Document = list[str]
+
+# ---------------------------------------------------------------------------------------------
+# Reading files
+
+
+@dataclasses.dataclass
+class CorpusStats:
+  """Counters a reader fills while it streams (pass one in, read it after iterating)."""
+
+  files: int = 0
+  documents: int = 0
+  sentences: int = 0
+  bytes: int = 0  # Raw bytes read from the files (before decoding).
+  invalid_bytes: int = 0  # Bytes that were not valid UTF-8 (each run decoded as U+FFFD).
+
+
+def expand_paths(patterns: str | Sequence[str]) -> list[str]:
+  """Files named by `patterns` (paths or globs; a comma-separated string works too), sorted.
+
+  Raises ValueError naming the pattern when a path is missing or a glob matches nothing, so a
+  typo in a flag fails before any work starts.
+  """
+  if isinstance(patterns, (str, os.PathLike)):
+    patterns = [p for p in str(patterns).split(",") if p.strip()]
+  if not patterns:
+    raise ValueError("No input paths given (the corpus flag is empty).")
+  paths: set[str] = set()
+  for pattern in patterns:
+    pattern = os.path.expanduser(str(pattern).strip())
+    if glob.has_magic(pattern):
+      matches = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
+      if not matches:
+        raise ValueError(f"Input pattern {pattern!r} matches no files.")
+      paths.update(matches)
+    elif os.path.isdir(pattern):
+      raise ValueError(f"Input path {pattern!r} is a directory; pass files or a glob "
+                       f"(e.g. {os.path.join(pattern, '*.txt')!r}).")
+    elif not os.path.isfile(pattern):
+      raise ValueError(f"Input path {pattern!r} does not exist.")
+    else:
+      paths.add(pattern)
+  return sorted(paths)
+
+
+# The error handler is registered once, process-wide; each thread counts into its own slot so
+# concurrent readers don't mix their counts.
+_COUNTER = threading.local()
+_ERROR_HANDLER = "bert_jax_count_replace"
+
+
+def _count_and_replace(error: UnicodeError) -> tuple[str, int]:
+  """Like errors="replace" (one U+FFFD per invalid run) but counts the invalid bytes."""
+  if not isinstance(error, UnicodeDecodeError):
+    raise error
+  _COUNTER.invalid = getattr(_COUNTER, "invalid", 0) + (error.end - error.start)
+  return "\ufffd", error.end
+
+
+codecs.register_error(_ERROR_HANDLER, _count_and_replace)
+
+
+def _read_lines(path: str, stats: CorpusStats) -> Iterator[str]:
+  """Yields the decoded, stripped lines of `path` (UTF-8; invalid bytes counted and replaced).
+
+  Splitting on b"\\n" before decoding is safe because UTF-8 never uses 0x0A inside a multi-byte
+  character.
+  """
+  _COUNTER.invalid = 0
+  stats.files += 1
+  with open(path, "rb") as f:
+    for i, raw in enumerate(f):
+      stats.bytes += len(raw)
+      if i == 0 and raw.startswith(codecs.BOM_UTF8):
+        raw = raw[len(codecs.BOM_UTF8):]
+      yield raw.decode("utf-8", errors=_ERROR_HANDLER).strip()
+  invalid = _COUNTER.invalid
+  _COUNTER.invalid = 0
+  if invalid:
+    stats.invalid_bytes += invalid
+    logging.warning("%s: %d bytes are not valid UTF-8 (replaced by U+FFFD).", path, invalid)
+
+
+def _count(doc: Document, stats: CorpusStats) -> Document:
+  stats.documents += 1
+  stats.sentences += len(doc)
+  return doc
+
+
+def _empty_corpus_error(paths: Sequence[str]) -> ValueError:
+  shown = ", ".join(paths[:5]) + (f" (and {len(paths) - 5} more)" if len(paths) > 5 else "")
+  return ValueError(f"The corpus has no documents (no non-blank lines) in: {shown}.")
+
+
+def iter_bert_format(paths: str | Sequence[str],
+                     stats: CorpusStats | None = None) -> Iterator[Document]:
+  """Documents of google-research/bert's format: one sentence per line, blank line between docs.
+
+  Unlike the original, the end of a file also ends a document (the original lets a document run
+  on into the next file, which mixes unrelated text). Raises ValueError naming the paths if the
+  whole corpus holds no document.
+  """
+  stats = CorpusStats() if stats is None else stats
+  files = expand_paths(paths)
+  found = stats.documents
+  for path in files:
+    doc: Document = []
+    for line in _read_lines(path, stats):
+      if line:
+        doc.append(line)
+      elif doc:
+        yield _count(doc, stats)
+        doc = []
+    if doc:
+      yield _count(doc, stats)
+  if stats.documents == found:
+    raise _empty_corpus_error(files)
+
+
+def iter_paragraph_text(paths: str | Sequence[str],
+                        stats: CorpusStats | None = None) -> Iterator[Document]:
+  """Documents of plain text: blank-line-separated blocks, each split into sentences.
+
+  Lines of a block are joined with spaces (text wrapped at a fixed width reads as one paragraph).
+  """
+  stats = CorpusStats() if stats is None else stats
+  files = expand_paths(paths)
+  found = stats.documents
+  for path in files:
+    block: list[str] = []
+    for line in _read_lines(path, stats):
+      if line:
+        block.append(line)
+      elif block:
+        doc = split_sentences(" ".join(block))
+        block = []
+        if doc:
+          yield _count(doc, stats)
+    if block:
+      doc = split_sentences(" ".join(block))
+      if doc:
+        yield _count(doc, stats)
+  if stats.documents == found:
+    raise _empty_corpus_error(files)
+
+
+# ---------------------------------------------------------------------------------------------
+# Sentence splitting
+
+# Lower-cased words that end with a period without ending a sentence.
+ABBREVIATIONS = frozenset("""
+  mr mrs ms dr prof sr jr st mt ft rev hon gen col lt capt sgt gov pres rep sen
+  e.g eg i.e ie etc cf vs viz al approx ca resp esp incl
+  fig figs eq eqs no nos vol vols pp p ch chap sec sect art ed eds ref refs
+  inc ltd co corp dept univ est
+  jan feb mar apr jun jul aug sep sept oct nov dec
+  u.s u.k u.n a.m p.m ph.d b.sc m.sc
+""".split())
+
+# A candidate boundary: sentence-final punctuation (and closing quotes/brackets), whitespace, then
+# something that can open a sentence (uppercase letter, digit, opening quote or bracket).
+_BOUNDARY = re.compile(r"""([.!?]+['"\u2019\u201d)\]]*)\s+(?=['"\u2018\u201c(\[]?[A-Z0-9])""")
+_LAST_WORD = re.compile(r"(\S+)$")
+_WHITESPACE = re.compile(r"\s+")
+
+
+def _is_abbreviation(text_before: str) -> bool:
+  """Whether the word ending at a period (`text_before` ends just before it) is an abbreviation."""
+  match = _LAST_WORD.search(text_before)
+  if not match:
+    return False
+  word = match.group(1).lstrip("([\"'\u2018\u201c").lower()
+  if word in ABBREVIATIONS:
+    return True
+  # A single letter ("J. Smith", "Fig. 3 a. The") or dotted initials ("U.S.A", "e.g").
+  return bool(re.fullmatch(r"[a-z]|([a-z]\.)+[a-z]", word))
+
+
+def split_sentences(text: str) -> list[str]:
+  """Splits `text` into sentences with a rule-based splitter (no model needed, runs offline).
+
+  Splits after . ! ? (plus closing quotes/brackets) followed by whitespace and an uppercase
+  letter, digit or opening quote; not after abbreviations ("e.g.", "Mr.", "etc."), initials or
+  inside decimals ("3.14" has no whitespace after the period). Whitespace is normalised.
+  """
+  text = _WHITESPACE.sub(" ", text).strip()
+  if not text:
+    return []
+  sentences = []
+  start = 0
+  for match in _BOUNDARY.finditer(text):
+    punct = match.group(1)
+    if punct == "." and _is_abbreviation(text[start:match.start()]):
+      continue
+    sentences.append(text[start:match.end(1)])
+    start = match.end()
+  sentences.append(text[start:])
+  return [s.strip() for s in sentences if s.strip()]
+
+
+# ---------------------------------------------------------------------------------------------
+# TFDS text datasets
+
+
+def _text_to_document(text: str) -> Document:
+  """Splits a whole article into sentences, paragraph by paragraph (paragraphs are lines)."""
+  doc: Document = []
+  for paragraph in text.split("\n"):
+    doc.extend(split_sentences(paragraph))
+  return doc
+
+
+def iter_tfds_text(name: str, split: str = "train", field: str = "text",
+                   data_dir: str | None = None, download: bool = True,
+                   stats: CorpusStats | None = None) -> Iterator[Document]:
+  """Documents of a TFDS text dataset: each record's `field` split into sentences.
+
+  Reads through `tfds.data_source` (ArrayRecord, random access, no TensorFlow); `download=True`
+  downloads and prepares the dataset into `data_dir` first if it is not there. Records are read in
+  index order, so the order is deterministic for a given prepared dataset.
+  """
+  import tensorflow_datasets as tfds  # Deferred: importing TFDS takes seconds.
+
+  stats = CorpusStats() if stats is None else stats
+  source = tfds.data_source(name, split=split, data_dir=data_dir, download=download)
+  found = stats.documents
+  for index in range(len(source)):
+    record = source[index]
+    if field not in record:
+      raise ValueError(f"TFDS dataset {name!r} has no field {field!r} (fields: "
+                       f"{sorted(record)}); set the text field flag.")
+    text = record[field]
+    if isinstance(text, bytes):
+      stats.bytes += len(text)
+      _COUNTER.invalid = 0
+      text = text.decode("utf-8", errors=_ERROR_HANDLER)
+      stats.invalid_bytes += _COUNTER.invalid
+    else:
+      stats.bytes += len(text.encode("utf-8"))
+    doc = _text_to_document(text)
+    if doc:
+      yield _count(doc, stats)
+  if stats.documents == found:
+    raise ValueError(f"TFDS dataset {name!r} split {split!r} field {field!r} has no documents.")
+
+
+# ---------------------------------------------------------------------------------------------
+# Built-in corpus: docstrings of the installed Python
+
+# Bump when the extraction below changes, so data cached by the fingerprint is rebuilt.
+BUILTIN_CORPUS_VERSION = 1
+_SKIP_DIRS = frozenset({"test", "tests", "testing", "idle_test", "__pycache__", "site-packages",
+                        "dist-packages", "lib2to3", "turtledemo", "ensurepip"})
+_MIN_DOC_CHARS = 80
+_MIN_DOC_SENTENCES = 2
+
+
+def _builtin_roots() -> list[tuple[str, str]]:
+  """(label, directory) of the stdlib and site-packages, without duplicates."""
+  paths = sysconfig.get_paths()
+  roots = []
+  for label in ("stdlib", "purelib"):
+    root = os.path.realpath(paths[label])
+    if os.path.isdir(root) and root not in [r for _, r in roots]:
+      roots.append((label, root))
+  return roots
+
+
+def _builtin_files() -> list[tuple[str, str, str]]:
+  """(label, relative path, absolute path) of every .py file, in a machine-independent order."""
+  files = []
+  for label, root in _builtin_roots():
+    found = []
+    for directory, dirnames, filenames in os.walk(root):
+      dirnames[:] = sorted(d for d in dirnames
+                           if d.lower() not in _SKIP_DIRS and not d.startswith(".")
+                           and not d.endswith((".dist-info", ".egg-info")))
+      for filename in filenames:
+        if filename.endswith(".py") and not filename.startswith("test_"):
+          path = os.path.join(directory, filename)
+          found.append((os.path.relpath(path, root).replace(os.sep, "/"), path))
+    files.extend((label, rel, path) for rel, path in sorted(found))
+  return files
+
+
+def builtin_corpus_fingerprint() -> str:
+  """A hash of what `iter_builtin_docstrings` reads (file list and sizes) and how (version).
+
+  Equal fingerprints mean an equal corpus, so data prepared from it can be cached by it.
+  """
+  digest = hashlib.sha256(f"bert_jax builtin corpus v{BUILTIN_CORPUS_VERSION}\n".encode())
+  for label, rel, path in _builtin_files():
+    digest.update(f"{label}/{rel}\t{os.path.getsize(path)}\n".encode())
+  return digest.hexdigest()[:16]
+
+
+_DOCTEST = re.compile(r"^\s*(>>>|\.\.\.\s)")
+_DIRECTIVE = re.compile(r"^\s*\.\.\s")
+_UNDERLINE = re.compile(r"^\s*([-=~^*#+`'\"])\1{2,}\s*$")
+_HEADER = re.compile(r"^\s*[A-Z][A-Za-z ]{0,30}:\s*$")  # "Args:", "Returns:", "Example:".
+_FIELD = re.compile(r"^\s*:(param|type|returns?|rtype|raises?|var|ivar)\b")
+_CODE_START = re.compile(r"^\s*(def|class|import|from|return|raise|if|elif|else|for|while|with|"
+                         r"try|except|print|assert|lambda|yield|async|await)\b[^.]*$")
+_CODE_CHARS = re.compile(r"[{}\[\]()=<>_*/\\|@#$%^&~`;]")
+_ROLES = re.compile(r":[a-z]+(:[a-z]+)?:`~?([^`<]*?)(\s*<[^>]*>)?`")  # :func:`name` -> name
+_LITERAL = re.compile(r"``([^`]*)``")
+
+
+def _is_code_line(line: str) -> bool:
+  """A heuristic for lines of code, tables or signatures inside docstrings."""
+  if _CODE_START.match(line):
+    return True
+  stripped = line.strip()
+  symbols = len(_CODE_CHARS.findall(stripped))
+  letters = sum(c.isalpha() or c == " " for c in stripped)
+  return symbols > 0.08 * len(stripped) or letters < 0.7 * len(stripped)
+
+
+def _docstring_to_document(docstring: str) -> Document:
+  """Prose sentences of a docstring; doctests, directives, headers and code-ish lines dropped."""
+  lines = docstring.expandtabs().splitlines()
+  # Dedent as inspect.cleandoc does (without importing inspect's heavier machinery per call).
+  indents = [len(l) - len(l.lstrip()) for l in lines[1:] if l.strip()]
+  margin = min(indents) if indents else 0
+  lines = [lines[0].strip()] + [l[margin:] for l in lines[1:]]
+  paragraphs: list[list[str]] = [[]]
+  skipping = ""  # "doctest": until a blank line; "indented": while indented past block_indent.
+  block_indent = 0
+  for line in lines:
+    indent = len(line) - len(line.lstrip())
+    if not line.strip():
+      paragraphs.append([])
+      if skipping == "doctest":
+        skipping = ""
+      continue
+    if skipping == "indented" and indent > block_indent:
+      continue
+    if skipping == "doctest":
+      continue  # Expected output of the example.
+    skipping = ""
+    if _DOCTEST.match(line):
+      skipping = "doctest"
+      paragraphs.append([])
+      continue
+    if _DIRECTIVE.match(line) or line.rstrip().endswith("::"):
+      # A directive or a literal block: skip its indented body; keep prose before a "::".
+      text = "" if _DIRECTIVE.match(line) else line.rstrip()[:-2].rstrip()
+      if text and not _is_code_line(text):
+        paragraphs[-1].append(text.strip() + ("" if text.endswith((".", ":")) else ":"))
+      skipping, block_indent = "indented", indent
+      paragraphs.append([])
+      continue
+    if (_UNDERLINE.match(line) or _HEADER.match(line) or _FIELD.match(line)
+        or _is_code_line(line)):
+      paragraphs.append([])
+      continue
+    paragraphs[-1].append(line.strip())
+  doc: Document = []
+  for paragraph in paragraphs:
+    if paragraph:
+      text = _LITERAL.sub(r"\1", _ROLES.sub(r"\2", " ".join(paragraph)))
+      doc.extend(s for s in split_sentences(text) if _is_prose_sentence(s))
+  return doc
+
+
+def _is_prose_sentence(sentence: str) -> bool:
+  """At least three words, mostly letters: drops stray fragments like "x : int"."""
+  words = sentence.split()
+  letters = sum(c.isalpha() for c in sentence)
+  return len(words) >= 3 and letters >= 0.6 * len(sentence)
+
+
+def _module_docstrings(tree: ast.Module) -> Iterator[str]:
+  """Docstrings of the module, its classes and functions, in source order."""
+  stack: list[ast.AST] = [tree]
+  while stack:
+    node = stack.pop()
+    docstring = ast.get_docstring(node, clean=False)
+    if docstring:
+      yield docstring
+    children = [n for n in ast.iter_child_nodes(node)
+                if isinstance(n, (ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef))]
+    stack.extend(reversed(children))
+
+
+def iter_builtin_docstrings(max_bytes: int = 0,
+                            stats: CorpusStats | None = None) -> Iterator[Document]:
+  """Documents from the docstrings of the installed standard library and site-packages.
+
+  Each module, class and function docstring with at least two prose sentences and 80 characters
+  is a document. Files are parsed with `ast` (never imported) in sorted order, and repeated
+  documents (copied docstrings) are kept once, so the same installation yields the same corpus on
+  every machine (`builtin_corpus_fingerprint` identifies it). `max_bytes` > 0 stops once that many
+  UTF-8 bytes of sentences have been yielded.
+  """
+  stats = CorpusStats() if stats is None else stats
+  seen: set[bytes] = set()
+  total = 0
+  for _, _, path in _builtin_files():
+    try:
+      with open(path, "rb") as f:
+        source = f.read()
+      with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # SyntaxWarnings of old escape sequences.
+        tree = ast.parse(source)
+    except (SyntaxError, ValueError, UnicodeDecodeError, OSError, RecursionError):
+      continue
+    stats.files += 1
+    stats.bytes += len(source)
+    for docstring in _module_docstrings(tree):
+      doc = _docstring_to_document(docstring)
+      if len(doc) < _MIN_DOC_SENTENCES or sum(len(s) for s in doc) < _MIN_DOC_CHARS:
+        continue
+      key = hashlib.blake2b("\n".join(doc).encode(), digest_size=16).digest()
+      if key in seen:
+        continue
+      seen.add(key)
+      yield _count(doc, stats)
+      total += sum(len(s.encode("utf-8")) + 1 for s in doc)
+      if max_bytes and total >= max_bytes:
+        return
+
+
+def iter_sentences(documents: Iterable[Document]) -> Iterator[str]:
+  """The sentences of `documents`, in order (e.g. to train a vocabulary)."""
+  for doc in documents:
+    yield from doc

@@ -1,0 +1,359 @@
+"""Vocabularies with BERT's special tokens: sentencepiece models and WordPiece `vocab.txt`.
+
+`Vocab` is the one interface the rest of bert_jax uses: ids of the special tokens (never
+hard-coded elsewhere), `encode`, `encode_with_word_starts` (for whole-word masking), `decode`.
+- sentencepiece (trained here by `train_sentencepiece`): [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3,
+  [MASK]=4. A word starts at a piece beginning with "▁" (sentencepiece's words are
+  whitespace-delimited, so "word," is one word).
+- WordPiece (`vocab.txt` or a HuggingFace `tokenizer.json` of imported checkpoints), through HF
+  `tokenizers` with BERT's normalisation; ids equal `transformers.BertTokenizerFast`. A piece
+  beginning with "##" continues a word; punctuation is its own word (BERT's pre-tokeniser).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import tempfile
+from typing import Iterable, Sequence
+
+import numpy as np
+
+SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
+SENTENCEPIECE_FILE = "sentencepiece.model"
+WORDPIECE_FILE = "vocab.txt"
+TOKENIZER_JSON_FILE = "tokenizer.json"
+CONFIG_FILE = "vocab_config.json"  # Written by `save`: kind, file name and options.
+
+_SP_WORD_START = "\u2581"  # "▁", sentencepiece's whitespace marker.
+_WORDPIECE_CONTINUATION = "##"
+
+
+class Vocab:
+  """A vocabulary: special token ids, encoding to ids (with word starts) and decoding.
+
+  Build one with `train_sentencepiece`, `Vocab.load(path)` or `Vocab.from_sentencepiece` /
+  `Vocab.from_wordpiece`.
+  """
+
+  def __init__(self, kind: str, path: str, processor, lowercase: bool | None = None):
+    """Use the constructors; `processor` is a SentencePieceProcessor or a tokenizers.Tokenizer."""
+    self.kind = kind
+    self.path = path
+    self.lowercase = lowercase
+    self._processor = processor
+    if kind == "sentencepiece":
+      self.size = int(processor.get_piece_size())
+      pieces = [processor.id_to_piece(i) for i in range(self.size)]
+    else:
+      self.size = int(processor.get_vocab_size(with_added_tokens=True))
+      pieces = [processor.id_to_token(i) for i in range(self.size)]
+      if any(p is None for p in pieces):
+        raise ValueError(f"{path}: token ids are not contiguous in 0..{self.size - 1}.")
+    self._pieces = pieces
+    ids = {}
+    for piece in SPECIAL_PIECES:
+      found = self._lookup(piece)
+      if found is None:
+        raise ValueError(f"{path}: the vocabulary has no {piece} token (it needs all of "
+                         f"{', '.join(SPECIAL_PIECES)}).")
+      ids[piece] = found
+    self.pad_id: int = ids["[PAD]"]
+    self.unk_id: int = ids["[UNK]"]
+    self.cls_id: int = ids["[CLS]"]
+    self.sep_id: int = ids["[SEP]"]
+    self.mask_id: int = ids["[MASK]"]
+    self.special_ids: tuple[int, ...] = tuple(ids[p] for p in SPECIAL_PIECES)
+    # Per-id flag: does this piece begin a word? Looked up per token when encoding.
+    if kind == "sentencepiece":
+      starts = [p.startswith(_SP_WORD_START) for p in pieces]
+    else:
+      starts = [not p.startswith(_WORDPIECE_CONTINUATION) for p in pieces]
+    self._word_start = np.asarray(starts, dtype=np.int32)
+    for i in self.special_ids:
+      self._word_start[i] = 0 if i != self.unk_id else self._word_start[i]
+
+  # ------------------------------------------------------------------------- constructors
+  @classmethod
+  def from_sentencepiece(cls, model_file: str) -> "Vocab":
+    """A sentencepiece `.model` file with [PAD], [UNK], [CLS], [SEP], [MASK] pieces."""
+    import sentencepiece as spm
+
+    _require_file(model_file)
+    processor = spm.SentencePieceProcessor()
+    try:
+      processor.load(model_file)
+    except (OSError, RuntimeError) as e:
+      raise ValueError(f"{model_file}: not a sentencepiece model ({e}).") from e
+    return cls("sentencepiece", model_file, processor)
+
+  @classmethod
+  def from_wordpiece(cls, vocab_file: str, lowercase: bool | None = None) -> "Vocab":
+    """A WordPiece `vocab.txt` (one token per line, id = line number) or a `tokenizer.json`.
+
+    `lowercase=None` detects it from a vocab.txt: no uppercase letter in any non-special token
+    means an uncased vocabulary (lowercase and strip accents, as BERT-uncased).
+    """
+    import tokenizers
+
+    _require_file(vocab_file)
+    if vocab_file.endswith(".json"):
+      try:
+        tokenizer = tokenizers.Tokenizer.from_file(vocab_file)
+      except Exception as e:  # tokenizers raises a bare Exception on bad JSON.
+        raise ValueError(f"{vocab_file}: not a HuggingFace tokenizer.json ({e}).") from e
+      if type(tokenizer.model).__name__ != "WordPiece":
+        raise ValueError(f"{vocab_file}: tokenizer.json model is "
+                         f"{type(tokenizer.model).__name__}, expected WordPiece.")
+      tokenizer.no_truncation()
+      tokenizer.no_padding()
+      return cls("wordpiece", vocab_file, tokenizer, lowercase)
+    tokens = _read_vocab_txt(vocab_file)
+    missing = [p for p in SPECIAL_PIECES if p not in tokens]
+    if missing:
+      raise ValueError(f"{vocab_file}: the vocabulary has no {', '.join(missing)} token(s) "
+                       f"(a BERT vocab.txt needs all of {', '.join(SPECIAL_PIECES)}).")
+    if lowercase is None:
+      lowercase = not any(c.isupper() for t in tokens
+                          if not (t.startswith("[") and t.endswith("]")) for c in t)
+    wordpiece = tokenizers.BertWordPieceTokenizer(
+        vocab_file, lowercase=lowercase, strip_accents=None, clean_text=True,
+        handle_chinese_chars=True)
+    return cls("wordpiece", vocab_file, wordpiece._tokenizer, lowercase)
+
+  @classmethod
+  def load(cls, path: str, lowercase: bool | None = None) -> "Vocab":
+    """A vocabulary from a file (`.model`, `vocab.txt`, `tokenizer.json`) or a saved directory."""
+    if os.path.isdir(path):
+      config_path = os.path.join(path, CONFIG_FILE)
+      if os.path.isfile(config_path):
+        with open(config_path) as f:
+          config = json.load(f)
+        file = os.path.join(path, config["file"])
+        if config["kind"] == "sentencepiece":
+          return cls.from_sentencepiece(file)
+        return cls.from_wordpiece(file, config.get("lowercase") if lowercase is None
+                                  else lowercase)
+      for name in (SENTENCEPIECE_FILE, TOKENIZER_JSON_FILE, WORDPIECE_FILE):
+        if os.path.isfile(os.path.join(path, name)):
+          return cls.load(os.path.join(path, name), lowercase)
+      models = sorted(n for n in os.listdir(path) if n.endswith(".model"))
+      if len(models) == 1:
+        return cls.from_sentencepiece(os.path.join(path, models[0]))
+      raise ValueError(f"{path}: no vocabulary found (expected {SENTENCEPIECE_FILE}, "
+                       f"{WORDPIECE_FILE} or {TOKENIZER_JSON_FILE}).")
+    _require_file(path)
+    if path.endswith(".model") or _is_sentencepiece_proto(path):
+      return cls.from_sentencepiece(path)
+    if path.endswith(".json"):
+      return cls.from_wordpiece(path, lowercase)
+    if path.endswith(".txt") or _looks_like_vocab_txt(path):
+      return cls.from_wordpiece(path, lowercase)
+    raise ValueError(f"{path}: unknown vocabulary format (expected a sentencepiece .model, a "
+                     f"WordPiece vocab.txt or a tokenizer.json).")
+
+  def save(self, directory: str) -> None:
+    """Copies the vocabulary file into `directory` (plus vocab_config.json), for `load(dir)`."""
+    os.makedirs(directory, exist_ok=True)
+    if self.kind == "sentencepiece":
+      name = SENTENCEPIECE_FILE
+    else:
+      name = TOKENIZER_JSON_FILE if self.path.endswith(".json") else WORDPIECE_FILE
+    target = os.path.join(directory, name)
+    if os.path.abspath(target) != os.path.abspath(self.path):
+      shutil.copyfile(self.path, target)
+    if self.kind == "sentencepiece":
+      vocab_listing = os.path.splitext(self.path)[0] + ".vocab"  # Human-readable piece list.
+      if os.path.isfile(vocab_listing):
+        shutil.copyfile(vocab_listing, os.path.join(directory, "sentencepiece.vocab"))
+    config = {"kind": self.kind, "file": name, "lowercase": self.lowercase, "size": self.size,
+              "special_ids": dict(zip(SPECIAL_PIECES, self.special_ids))}
+    with open(os.path.join(directory, CONFIG_FILE), "w") as f:
+      json.dump(config, f, indent=2)
+
+  # ------------------------------------------------------------------------- encoding
+  def encode(self, text: str) -> list[int]:
+    """Ids of `text`, without [CLS]/[SEP]."""
+    if self.kind == "sentencepiece":
+      return self._processor.encode(text, out_type=int)
+    return self._processor.encode(text, add_special_tokens=False).ids
+
+  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+    """`encode` of each text (batched in the backend: faster for many short sentences)."""
+    if self.kind == "sentencepiece":
+      return self._processor.encode(list(texts), out_type=int)
+    return [e.ids for e in self._processor.encode_batch(list(texts), add_special_tokens=False)]
+
+  def word_starts(self, ids: Sequence[int]) -> list[int]:
+    """1 at the first piece of each word, 0 on continuation pieces and specials but [UNK]."""
+    if not len(ids):
+      return []
+    starts = self._word_start[np.asarray(ids, dtype=np.int64)]
+    if starts[0] == 0 and (ids[0] == self.unk_id or ids[0] not in self.special_ids):
+      starts[0] = 1  # A text's first piece starts a word even without a "▁".
+    return starts.tolist()
+
+  def encode_with_word_starts(self, text: str) -> tuple[list[int], list[int]]:
+    """(ids, word_starts) of `text`: word_starts is 1 at the first piece of each word."""
+    ids = self.encode(text)
+    return ids, self.word_starts(ids)
+
+  def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
+    """Text of `ids`; special tokens are shown as "[MASK]" etc. unless skipped."""
+    ids = [int(i) for i in ids]
+    if self.kind != "sentencepiece":
+      return self._processor.decode(ids, skip_special_tokens=skip_special_tokens)
+    # sentencepiece drops control pieces when decoding; put their names back between runs.
+    parts, run = [], []
+    for i in ids:
+      if i in self.special_ids and i != self.unk_id:
+        if run:
+          parts.append(self._processor.decode(run))
+          run = []
+        if not skip_special_tokens:
+          parts.append(self._pieces[i])
+      else:
+        run.append(i)
+    if run:
+      parts.append(self._processor.decode(run))
+    return " ".join(p for p in parts if p)
+
+  def id_to_piece(self, i: int) -> str:
+    """The piece (token string) of id `i`."""
+    if not 0 <= int(i) < self.size:
+      raise IndexError(f"id {i} out of range for a vocabulary of {self.size}.")
+    return self._pieces[int(i)]
+
+  def piece_to_id(self, piece: str) -> int:
+    """The id of `piece`, or `unk_id` if it is not in the vocabulary."""
+    found = self._lookup(piece)
+    return self.unk_id if found is None else found
+
+  def _lookup(self, piece: str) -> int | None:
+    if self.kind == "sentencepiece":
+      i = self._processor.piece_to_id(piece)
+      return i if self._processor.id_to_piece(i) == piece else None
+    return self._processor.token_to_id(piece)
+
+  def __len__(self) -> int:
+    return self.size
+
+  def __repr__(self) -> str:
+    return f"Vocab(kind={self.kind!r}, size={self.size}, path={self.path!r})"
+
+
+# ---------------------------------------------------------------------------------------------
+# Training a sentencepiece vocabulary
+
+_TOO_HIGH = re.compile(r"Vocabulary size too high \((\d+)\)\. Please set it to a value <= (\d+)")
+_TOO_SMALL = re.compile(r"Vocabulary size is smaller than required_chars\. (\d+) vs (\d+)")
+
+
+def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size: int,
+                        model_type: str = "unigram", *, character_coverage: float = 0.9995,
+                        byte_fallback: bool = True, input_sentence_size: int = 2_000_000,
+                        max_sentence_length: int = 8192, num_threads: int = 1, seed: int = 0,
+                        allow_smaller_vocab: bool = False) -> Vocab:
+  """Trains a sentencepiece model on streamed `sentences`; writes `<model_prefix>.model/.vocab`.
+
+  BERT's special tokens get fixed ids: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4 ([CLS],
+  [SEP], [MASK] are control symbols: text "[MASK]" is never encoded to them). No BOS/EOS.
+  Sentences are spooled to a temporary file (streamed, never held in a list) so training can be
+  retried; at most `input_sentence_size` of them (a seeded random sample) are used.
+
+  Training is deterministic for the same sentences, `seed` and `num_threads` (1 by default, as
+  sentencepiece's multi-threaded sums may order differently with another thread count).
+
+  If the corpus cannot support `vocab_size` (sentencepiece's "Vocabulary size too high"), raises
+  ValueError naming `--vocab_size` and the maximum, or with `allow_smaller_vocab=True` trains
+  with that maximum and logs a warning.
+  """
+  import sentencepiece as spm
+
+  if model_type not in ("unigram", "bpe"):
+    raise ValueError(f"--vocab_model_type must be 'unigram' or 'bpe', got {model_type!r}.")
+  min_size = len(SPECIAL_PIECES) + (256 if byte_fallback else 0) + 1
+  if vocab_size < min_size:
+    raise ValueError(f"--vocab_size={vocab_size} is too small: at least {min_size} with "
+                     f"byte_fallback={byte_fallback}.")
+  directory = os.path.dirname(os.path.abspath(model_prefix))
+  os.makedirs(directory, exist_ok=True)
+  with tempfile.TemporaryDirectory(dir=directory) as tmp:
+    spool = os.path.join(tmp, "sentences.txt")
+    count = 0
+    with open(spool, "w", encoding="utf-8") as f:
+      for sentence in sentences:
+        sentence = " ".join(sentence.split())  # One line per sentence, whatever it held.
+        if sentence:
+          f.write(sentence + "\n")
+          count += 1
+    if not count:
+      raise ValueError("No sentences to train the sentencepiece vocabulary on (empty corpus).")
+
+    def train(size: int) -> None:
+      spm.set_random_generator_seed(seed)
+      spm.SentencePieceTrainer.train(
+          input=spool, model_prefix=model_prefix, vocab_size=size, model_type=model_type,
+          character_coverage=character_coverage, byte_fallback=byte_fallback,
+          normalization_rule_name="nmt_nfkc", input_sentence_size=input_sentence_size,
+          shuffle_input_sentence=True, max_sentence_length=max_sentence_length,
+          num_threads=num_threads, pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
+          pad_piece="[PAD]", unk_piece="[UNK]", control_symbols="[CLS],[SEP],[MASK]",
+          hard_vocab_limit=True, minloglevel=2)
+
+    try:
+      train(vocab_size)
+    except RuntimeError as e:
+      too_high = _TOO_HIGH.search(str(e))
+      too_small = _TOO_SMALL.search(str(e))
+      if too_small:
+        raise ValueError(f"--vocab_size={vocab_size} is smaller than the {too_small.group(2)} "
+                         f"characters the corpus needs; raise it.") from e
+      if not too_high:
+        raise
+      maximum = int(too_high.group(2))
+      if not allow_smaller_vocab:
+        raise ValueError(
+            f"--vocab_size={vocab_size} is too large for this corpus ({count} sentences): "
+            f"sentencepiece supports at most {maximum}. Set --vocab_size<={maximum}, use more "
+            f"text, or allow the smaller vocabulary (allow_smaller_vocab).") from e
+      logging.warning("--vocab_size=%d is too large for this corpus; training a vocabulary of "
+                      "%d (the maximum sentencepiece supports) instead.", vocab_size, maximum)
+      train(maximum)
+  return Vocab.from_sentencepiece(model_prefix + ".model")
+
+
+# ---------------------------------------------------------------------------------------------
+# Helpers
+
+
+def _require_file(path: str) -> None:
+  if not os.path.exists(path):
+    raise ValueError(f"Vocabulary file {path!r} does not exist.")
+  if not os.path.isfile(path):
+    raise ValueError(f"Vocabulary path {path!r} is not a file.")
+
+
+def _read_vocab_txt(path: str) -> list[str]:
+  with open(path, encoding="utf-8") as f:
+    return [line.rstrip("\n").rstrip("\r") for line in f]
+
+
+def _is_sentencepiece_proto(path: str) -> bool:
+  """sentencepiece models are protobufs: the first byte is field 1 (pieces), wire type 2."""
+  with open(path, "rb") as f:
+    head = f.read(64)
+  return head[:1] == b"\x0a" and b"\x00" not in head[:1]
+
+
+def _looks_like_vocab_txt(path: str) -> bool:
+  with open(path, "rb") as f:
+    head = f.read(4096)
+  try:
+    text = head.decode("utf-8")
+  except UnicodeDecodeError:
+    return False
+  return "[UNK]" in text or "[PAD]" in text
