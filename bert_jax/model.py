@@ -144,6 +144,25 @@ class Embeddings(nn.Module):
     return self.word_embeddings.attend(x)  # [..., V]
 
 
+class _Einsum(nn.Module):
+  """A dense layer with a multi-dimensional kernel (per-head projections), via einsum.
+  (flax's DenseGeneral builds its kernel flat and reshapes, which breaks logical axis boxes.)"""
+  config: BertConfig
+  kernel_shape: tuple[int, ...]
+  kernel_axes: tuple[str | None, ...]
+  bias_shape: tuple[int, ...]
+  bias_axes: tuple[str | None, ...]
+  equation: str
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.config
+    kernel = self.param("kernel", _init(c, self.kernel_axes), self.kernel_shape, c.param_dtype)
+    bias = self.param("bias", _zeros(self.bias_axes), self.bias_shape, c.param_dtype)
+    y = jnp.einsum(self.equation, x.astype(c.dtype), kernel.astype(c.dtype))
+    return y + bias.astype(c.dtype)
+
+
 class SelfAttention(nn.Module):
   """Bidirectional multi-head self-attention with a padding mask, output projection included."""
   config: BertConfig
@@ -151,9 +170,9 @@ class SelfAttention(nn.Module):
   @nn.compact
   def __call__(self, x, attention_bias, deterministic: bool):
     c = self.config
-    proj = lambda name: nn.DenseGeneral(
-        (c.num_attention_heads, c.head_dim), dtype=c.dtype, param_dtype=c.param_dtype,
-        kernel_init=_init(c, (EMBED, HEADS, KV)), bias_init=_zeros((HEADS, KV)), name=name)
+    heads = (c.num_attention_heads, c.head_dim)
+    proj = lambda name: _Einsum(c, (c.hidden_size, *heads), (EMBED, HEADS, KV), heads,
+                                (HEADS, KV), "blh,hnd->blnd", name=name)
     query = proj("query")(x)  # [B, L, N, D]
     key = proj("key")(x)
     value = proj("value")(x)
@@ -168,10 +187,8 @@ class SelfAttention(nn.Module):
       probs = jax.nn.softmax(scores + attention_bias, axis=-1)  # [B, N, L, L] f32
       probs = nn.Dropout(dropout_rate)(probs, deterministic=False).astype(c.dtype)
       context = jnp.einsum("bnqk,bknd->bqnd", probs, value)
-    return nn.DenseGeneral(
-        c.hidden_size, axis=(-2, -1), dtype=c.dtype, param_dtype=c.param_dtype,
-        kernel_init=_init(c, (HEADS, KV, EMBED)), bias_init=_zeros((EMBED,)),
-        name="output")(context)  # [B, L, H]
+    return _Einsum(c, (*heads, c.hidden_size), (HEADS, KV, EMBED), (c.hidden_size,), (EMBED,),
+                   "blnd,ndh->blh", name="output")(context)  # [B, L, H]
 
 
 class Layer(nn.Module):
@@ -208,7 +225,7 @@ class BertModel(nn.Module):
     self.embeddings = Embeddings(c, name="embeddings")
     self.layers = [Layer(c, name=f"layer_{i}") for i in range(c.num_hidden_layers)]
     if self.add_pooling_layer:
-      self.pooler = _dense(c, c.hidden_size, (EMBED, EMBED), "pooler")
+      self.pooler = _dense(c, c.hidden_size, (EMBED, None), "pooler")
 
   def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
                deterministic: bool = True):
@@ -240,7 +257,7 @@ class MaskedLMHead(nn.Module):
   @nn.compact
   def __call__(self, hidden, bert: BertModel):
     c = self.config
-    h = _dense(c, c.hidden_size, (EMBED, EMBED), "transform")(hidden)
+    h = _dense(c, c.hidden_size, (EMBED, None), "transform")(hidden)
     h = LayerNorm(c, name="transform_LayerNorm")(_ACTIVATIONS[c.hidden_act](h))
     bias = self.param("bias", _zeros((VOCAB,)), (c.vocab_size,), c.param_dtype)
     logits = bert.attend(h).astype(jnp.float32)  # [B, P, V]

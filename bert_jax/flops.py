@@ -1,0 +1,57 @@
+"""FLOPs of BERT pretraining, counted for an encoder: bidirectional attention (the full L x L
+score matrix, no causal halving) and the MLM head at the P gathered positions only."""
+
+from bert_jax.model import BertConfig
+
+
+def forward_flops_per_sequence(config: BertConfig, seq_len: int, num_predictions: int) -> float:
+  """Matmul FLOPs (2 per multiply-add) of one forward pass over one sequence."""
+  h, f, v, length = config.hidden_size, config.intermediate_size, config.vocab_size, seq_len
+  per_layer = (2 * length * 4 * h * h  # Q, K, V and output projections.
+               + 2 * 2 * length * length * h  # Scores QK^T and probabilities x V.
+               + 2 * 2 * length * h * f)  # The MLP's two matmuls.
+  mlm_head = 2 * num_predictions * (h * h + h * v)  # Transform + tied decoder.
+  pooler_nsp = 2 * (h * h + 2 * h)
+  return config.num_hidden_layers * per_layer + mlm_head + pooler_nsp
+
+
+def train_flops_per_sequence(config: BertConfig, seq_len: int, num_predictions: int) -> float:
+  """Forward + backward (twice the forward: gradients w.r.t. inputs and weights)."""
+  return 3 * forward_flops_per_sequence(config, seq_len, num_predictions)
+
+
+# Peak dense matmul FLOP/s per chip in bf16, by `jax.devices()[0].device_kind`.
+PEAK_FLOPS_BY_DEVICE_KIND = {
+    "TPU v4": 275e12,
+    "TPU v5 lite": 197e12,
+    "TPU v5e": 197e12,
+    "TPU v5p": 459e12,
+    "TPU v5": 459e12,
+    "TPU v6 lite": 918e12,
+    "TPU v6e": 918e12,
+    "NVIDIA A100-SXM4-80GB": 312e12,
+    "NVIDIA A100-SXM4-40GB": 312e12,
+    "NVIDIA H100 80GB HBM3": 989e12,
+    "NVIDIA H200": 989e12,
+}
+
+
+def peak_flops_per_device(device_kind: str) -> float | None:
+  """The table's peak for this device kind, or None when unknown (e.g. CPUs)."""
+  return PEAK_FLOPS_BY_DEVICE_KIND.get(device_kind)
+
+
+def measure_matmul_peak(size: int = 1024, repeats: int = 10) -> float:
+  """Achieved f32 FLOP/s of a square matmul on the default device (a CPU's practical peak)."""
+  import time
+  import jax
+  import jax.numpy as jnp
+  a = jnp.ones((size, size), jnp.float32)
+  matmul = jax.jit(lambda x: x @ x)
+  matmul(a).block_until_ready()
+  best = float("inf")
+  for _ in range(repeats):
+    start = time.perf_counter()
+    matmul(a).block_until_ready()
+    best = min(best, time.perf_counter() - start)
+  return 2 * size ** 3 / best

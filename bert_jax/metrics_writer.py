@@ -1,0 +1,46 @@
+"""Where metrics go: the console, `<workdir>/metrics.jsonl` and TensorBoard; process 0 only."""
+
+import json
+import os
+import sys
+import time
+
+import jax
+
+
+class MetricWriter:
+  """Writes one record per logged step. On processes other than 0 every call is a no-op."""
+
+  def __init__(self, workdir: str, tensorboard: bool):
+    self.enabled = jax.process_index() == 0
+    self._jsonl = None
+    self._tensorboard = None
+    if not self.enabled:
+      return
+    os.makedirs(workdir, exist_ok=True)
+    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+    if tensorboard:
+      from tensorboardX import SummaryWriter  # Light: no TensorFlow needed.
+      self._tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
+
+  def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
+    if not self.enabled:
+      return
+    record = {"step": step, "split": split, **metrics, "time": time.time()}
+    self._jsonl.write(json.dumps(record) + "\n")
+    self._jsonl.flush()
+    if self._tensorboard is not None:
+      for name, value in metrics.items():
+        if isinstance(value, (int, float)):
+          self._tensorboard.add_scalar(f"{split}/{name}", value, step)
+      self._tensorboard.flush()
+
+  def log(self, message: str) -> None:
+    if self.enabled:
+      print(message, file=sys.stdout, flush=True)
+
+  def close(self) -> None:
+    if self._jsonl is not None:
+      self._jsonl.close()
+    if self._tensorboard is not None:
+      self._tensorboard.close()

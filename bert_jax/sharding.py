@@ -1,0 +1,89 @@
+"""The device mesh (data / fsdp / tensor axes) and the logical-axis rules that place arrays on it.
+
+Parameters carry logical axis names (see `bert_jax/model.py`); `config.mesh.logical_axis_rules`
+maps them onto mesh axes. Batches are split over data x fsdp.
+"""
+
+import math
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import numpy as np
+from jax.experimental import mesh_utils
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
+
+MESH_AXES = ("data", "fsdp", "tensor")
+BATCH_AXES = ("data", "fsdp")
+
+
+def mesh_shape(mesh_config, num_devices: int) -> tuple[int, int, int]:
+  """Resolves -1 (all devices left over) in config.mesh into concrete (data, fsdp, tensor)."""
+  sizes = [mesh_config.data, mesh_config.fsdp, mesh_config.tensor]
+  if sizes.count(-1) > 1:
+    raise ValueError(f"config.mesh: at most one of data/fsdp/tensor may be -1, got {sizes}")
+  if any(s == 0 or s < -1 for s in sizes):
+    raise ValueError(f"config.mesh sizes must be positive or -1, got {sizes}")
+  known = math.prod(s for s in sizes if s != -1)
+  if -1 in sizes:
+    if num_devices % known:
+      raise ValueError(f"config.mesh {sizes}: {num_devices} devices do not divide by {known}")
+    sizes[sizes.index(-1)] = num_devices // known
+  if math.prod(sizes) != num_devices:
+    raise ValueError(f"config.mesh data*fsdp*tensor = {math.prod(sizes)} but there are "
+                     f"{num_devices} devices; set one axis to -1 or fix the sizes")
+  return tuple(sizes)
+
+
+def make_mesh(mesh_config, devices: Sequence[Any] | None = None) -> Mesh:
+  """A Mesh with axes (data, fsdp, tensor). With config.mesh.dcn_data > 1 the data axis spans
+  slices: ICI axes inside a slice, the data-parallel replicas across slices over DCN."""
+  devices = list(jax.devices() if devices is None else devices)
+  dcn_data = mesh_config.dcn_data
+  if dcn_data > 1:
+    per_slice = len(devices) // dcn_data
+    ici = mesh_shape(mesh_config, per_slice)
+    device_array = mesh_utils.create_hybrid_device_mesh(
+        ici, (dcn_data, 1, 1), devices=devices)
+  else:
+    shape = mesh_shape(mesh_config, len(devices))
+    try:
+      device_array = mesh_utils.create_device_mesh(shape, devices=devices)
+    except (ValueError, NotImplementedError, AssertionError):
+      device_array = np.asarray(devices).reshape(shape)  # E.g. forced CPU devices.
+  return Mesh(device_array, MESH_AXES)
+
+
+def logical_rules(mesh_config) -> tuple[tuple[str, Any], ...]:
+  return tuple((name, tuple(axes) if isinstance(axes, list) else axes)
+               for name, axes in mesh_config.logical_axis_rules)
+
+
+def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
+  """Leading (batch) dimension split over data x fsdp; the rest replicated."""
+  return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
+
+
+def batch_size_per_shard(global_batch_size: int, mesh: Mesh) -> int:
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  if global_batch_size % shards:
+    raise ValueError(f"config.train.batch_size={global_batch_size} is not divisible by the "
+                     f"data x fsdp mesh axes ({mesh.shape['data']} x {mesh.shape['fsdp']} = "
+                     f"{shards})")
+  return global_batch_size // shards
+
+
+def logical_to_shardings(abstract_tree, mesh: Mesh, rules) -> Any:
+  """Boxed (logically partitioned) abstract tree -> NamedShardings for its unboxed leaves."""
+  specs = nn.get_partition_spec(abstract_tree)
+  return nn.logical_to_mesh_sharding(specs, mesh, rules)
+
+
+def global_batch_from_local(local_batch: dict[str, np.ndarray], mesh: Mesh) -> dict:
+  """Process-local numpy slices -> global jax.Arrays split over data x fsdp.
+
+  Each process holds its own rows; `jax.make_array_from_process_local_data` stitches them."""
+  return {
+      name: jax.make_array_from_process_local_data(batch_sharding(mesh, value.ndim), value)
+      for name, value in local_batch.items()
+  }

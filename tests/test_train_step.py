@@ -1,0 +1,156 @@
+"""The sharded train step: mesh equivalence, shardings from the rules, one compile, gradient
+accumulation, the optimizer's decay mask and schedule. Uses 8 forced CPU devices."""
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+from bert_jax import optimizer as optimizer_lib, sharding, train
+from bert_jax.masking import MaskingConfig
+from bert_jax.model import BertConfig, BertForPreTraining
+from configs import tiny
+
+SEQ_LEN = 32
+BATCH = 16
+
+
+def _config(**mesh):
+  config = tiny.get_config()
+  config.model.vocab_size = 300
+  config.model.hidden_size = 64
+  config.model.num_attention_heads = 4
+  config.model.intermediate_size = 128
+  config.model.hidden_dropout_prob = 0.0
+  config.model.attention_probs_dropout_prob = 0.0
+  config.data.max_seq_length = SEQ_LEN
+  config.masking.max_predictions_per_seq = 6
+  config.train.batch_size = BATCH
+  config.train.warmup_steps = 2
+  config.train.num_train_steps = 10
+  config.mesh.data, config.mesh.fsdp, config.mesh.tensor = mesh.get("data", -1), mesh.get(
+      "fsdp", 1), mesh.get("tensor", 1)
+  return config
+
+
+def _batch(seed=0):
+  rng = np.random.default_rng(seed)
+  ids = rng.integers(5, 300, size=(BATCH, SEQ_LEN)).astype(np.int32)
+  ids[:, 0], ids[:, 12], ids[:, 25] = 2, 3, 3
+  ids[::2, 26:] = 0  # Padding on half the rows.
+  types = np.zeros_like(ids)
+  types[:, 13:26] = 1
+  return {"input_ids": ids, "token_type_ids": types,
+          "attention_mask": (ids != 0).astype(np.int32),
+          "word_starts": np.ones_like(ids),
+          "next_sentence_label": (np.arange(BATCH) % 2).astype(np.int32)}
+
+
+def _run(config, devices, num_steps=3):
+  """Losses and final state of `num_steps` steps on a mesh over `devices`."""
+  mesh = sharding.make_mesh(config.mesh, devices)
+  model = BertForPreTraining(BertConfig.from_config(config.model))
+  optimizer = optimizer_lib.make_optimizer(config.train)
+  masking = MaskingConfig.from_config(config.masking, vocab_size=300, mask_token_id=4,
+                                      special_token_ids=(0, 1, 2, 3, 4))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
+    shardings, _ = train.state_shardings_and_shapes(config, model, optimizer, mesh)
+    state = train.init_sharded_state(config, model, optimizer, shardings, jax.random.key(0))
+    step = train.jit_train_step(config, model, optimizer, masking, shardings)
+    losses = []
+    for i in range(num_steps):
+      batch = sharding.global_batch_from_local(_batch(i), mesh)
+      state, metrics = step(state, batch, jax.random.key(1))
+      losses.append(float(metrics["loss"]))
+  return losses, state, step
+
+
+@pytest.fixture(scope="module")
+def single_device_run():
+  return _run(_config(data=1), jax.devices()[:1])
+
+
+@pytest.mark.parametrize("mesh", [dict(data=8), dict(data=2, fsdp=4), dict(data=4, tensor=2)])
+def test_meshes_give_the_losses_of_one_device(single_device_run, mesh):
+  reference, ref_state, _ = single_device_run
+  losses, state, _ = _run(_config(**mesh), jax.devices())
+  np.testing.assert_allclose(losses, reference, rtol=1e-5)
+  # Real updates happened (the MLM bias starts at zero), so the comparison covers them.
+  assert np.abs(np.asarray(ref_state.params["mlm"]["bias"])).max() > 1e-4
+  kernel = state.params["bert"]["layer_1"]["intermediate"]["kernel"]
+  np.testing.assert_allclose(kernel, ref_state.params["bert"]["layer_1"]["intermediate"]["kernel"],
+                             rtol=1e-4, atol=1e-6)
+
+
+def test_parameters_carry_the_shardings_of_the_rules():
+  _, state, _ = _run(_config(data=2, fsdp=2, tensor=2), jax.devices(), num_steps=1)
+  params = state.params
+  P = jax.sharding.PartitionSpec
+  assert params["bert"]["embeddings"]["word_embeddings"]["embedding"].sharding.spec == P(
+      "tensor", "fsdp")
+  assert params["bert"]["layer_0"]["attention"]["query"]["kernel"].sharding.spec == P(
+      "fsdp", "tensor", None)
+  assert params["bert"]["layer_0"]["intermediate"]["kernel"].sharding.spec == P("fsdp", "tensor")
+  assert params["bert"]["layer_0"]["output"]["kernel"].sharding.spec == P("tensor", "fsdp")
+  # Adam's moments are sharded like their parameters.
+  mu = state.opt_state[1][0].mu
+  assert mu["bert"]["layer_0"]["output"]["kernel"].sharding.spec == P("tensor", "fsdp")
+  # Each device holds 1/4 of the MLP kernel (fsdp=2 x tensor=2).
+  kernel = params["bert"]["layer_0"]["intermediate"]["kernel"]
+  assert kernel.addressable_shards[0].data.shape == (32, 64)
+
+
+def test_train_step_compiles_once(single_device_run):
+  _, _, step = single_device_run
+  assert step._cache_size() == 1  # Three steps, one executable.
+
+
+def test_gradient_accumulation_equals_the_full_batch():
+  full, full_state, _ = _run(_config(data=2), jax.devices()[:2], num_steps=2)
+  config = _config(data=2)
+  config.train.grad_accum_steps = 4
+  accumulated, acc_state, _ = _run(config, jax.devices()[:2], num_steps=2)
+  np.testing.assert_allclose(accumulated, full, rtol=1e-5)
+  np.testing.assert_allclose(acc_state.params["mlm"]["bias"], full_state.params["mlm"]["bias"],
+                             rtol=1e-4, atol=1e-6)
+
+
+def test_weight_decay_skips_layer_norm_and_biases():
+  params = {"layer": {"kernel": 1.0, "bias": 1.0}, "LayerNorm": {"scale": 1.0, "bias": 1.0},
+            "word_embeddings": {"embedding": 1.0}}
+  mask = optimizer_lib.decay_mask(params)
+  assert mask == {"layer": {"kernel": True, "bias": False},
+                  "LayerNorm": {"scale": False, "bias": False},
+                  "word_embeddings": {"embedding": True}}
+
+
+def test_learning_rate_warms_up_then_decays_linearly_to_zero():
+  config = _config()
+  config.train.learning_rate, config.train.warmup_steps, config.train.num_train_steps = 1.0, 10, 110
+  schedule = optimizer_lib.learning_rate_schedule(config.train)
+  assert [float(schedule(s)) for s in (0, 5, 10, 60, 110)] == pytest.approx(
+      [0.0, 0.5, 1.0, 0.5, 0.0])
+
+
+def test_lamb_and_bf16_compute_train(single_device_run):
+  config = _config(data=1)
+  config.train.optimizer = "lamb"
+  config.model.dtype = "bfloat16"
+  losses, state, _ = _run(config, jax.devices()[:1])
+  assert all(np.isfinite(losses))
+  assert state.params["mlm"]["bias"].dtype == jnp.float32
+  assert abs(losses[0] - single_device_run[0][0]) < 0.05  # Same init, bf16 compute.
+
+
+def test_bad_mesh_and_batch_give_clear_errors():
+  config = _config(data=3)
+  with pytest.raises(ValueError, match="config.mesh"):
+    sharding.make_mesh(config.mesh)
+  mesh = sharding.make_mesh(_config(data=8).mesh)
+  with pytest.raises(ValueError, match="batch_size=12 is not divisible by the data x fsdp"):
+    sharding.batch_size_per_shard(12, mesh)
+  config = _config()
+  config.train.optimizer = "sgd"
+  with pytest.raises(ValueError, match="config.train.optimizer='sgd'"):
+    optimizer_lib.make_optimizer(config.train)
