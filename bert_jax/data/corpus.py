@@ -26,6 +26,8 @@ import threading
 import warnings
 from typing import Iterable, Iterator, Sequence
 
+logger = logging.getLogger(__name__)
+
 Document = list[str]
 
 # ---------------------------------------------------------------------------------------------
@@ -106,7 +108,7 @@ def _read_lines(path: str, stats: CorpusStats) -> Iterator[str]:
   _COUNTER.invalid = 0
   if invalid:
     stats.invalid_bytes += invalid
-    logging.warning("%s: %d bytes are not valid UTF-8 (replaced by U+FFFD).", path, invalid)
+    logger.warning("%s: %d bytes are not valid UTF-8 (replaced by U+FFFD).", path, invalid)
 
 
 def _count(doc: Document, stats: CorpusStats) -> Document:
@@ -178,11 +180,14 @@ def iter_paragraph_text(paths: str | Sequence[str],
 # Lower-cased words that end with a period without ending a sentence.
 ABBREVIATIONS = frozenset("""
   mr mrs ms dr prof sr jr st mt ft rev hon gen col lt capt sgt gov pres rep sen
-  e.g eg i.e ie etc cf vs viz al approx ca resp esp incl
-  fig figs eq eqs no nos vol vols pp p ch chap sec sect art ed eds ref refs
+  e.g eg i.e ie etc cf vs viz al approx ca resp esp incl ed eds
   inc ltd co corp dept univ est
   jan feb mar apr jun jul aug sep sept oct nov dec
   u.s u.k u.n a.m p.m ph.d b.sc m.sc
+""".split())
+# Abbreviations only before a number ("No. 5", "Fig. 3"); "No. The" ends a sentence.
+NUMBER_ABBREVIATIONS = frozenset("""
+  no nos fig figs eq eqs vol vols pp ch chap sec sect art ref refs op
 """.split())
 
 # A candidate boundary: sentence-final punctuation (and closing quotes/brackets), whitespace, then
@@ -190,18 +195,18 @@ ABBREVIATIONS = frozenset("""
 _BOUNDARY = re.compile(r"""([.!?]+['"\u2019\u201d)\]]*)\s+(?=['"\u2018\u201c(\[]?[A-Z0-9])""")
 _LAST_WORD = re.compile(r"(\S+)$")
 _WHITESPACE = re.compile(r"\s+")
+_INITIALS = re.compile(r"[a-z]|([a-z]\.)+[a-z]")  # "J" of "J. Smith", "U.S.A", "e.g".
 
 
-def _is_abbreviation(text_before: str) -> bool:
+def _is_abbreviation(text_before: str, next_char: str) -> bool:
   """Whether the word ending at a period (`text_before` ends just before it) is an abbreviation."""
   match = _LAST_WORD.search(text_before)
   if not match:
     return False
   word = match.group(1).lstrip("([\"'\u2018\u201c").lower()
-  if word in ABBREVIATIONS:
+  if word in ABBREVIATIONS or _INITIALS.fullmatch(word):
     return True
-  # A single letter ("J. Smith", "Fig. 3 a. The") or dotted initials ("U.S.A", "e.g").
-  return bool(re.fullmatch(r"[a-z]|([a-z]\.)+[a-z]", word))
+  return word in NUMBER_ABBREVIATIONS and next_char.isdigit()
 
 
 def split_sentences(text: str) -> list[str]:
@@ -218,7 +223,7 @@ def split_sentences(text: str) -> list[str]:
   start = 0
   for match in _BOUNDARY.finditer(text):
     punct = match.group(1)
-    if punct == "." and _is_abbreviation(text[start:match.start()]):
+    if punct == "." and _is_abbreviation(text[start:match.start()], text[match.end():][:1]):
       continue
     sentences.append(text[start:match.end(1)])
     start = match.end()
@@ -278,7 +283,8 @@ def iter_tfds_text(name: str, split: str = "train", field: str = "text",
 # Bump when the extraction below changes, so data cached by the fingerprint is rebuilt.
 BUILTIN_CORPUS_VERSION = 1
 _SKIP_DIRS = frozenset({"test", "tests", "testing", "idle_test", "__pycache__", "site-packages",
-                        "dist-packages", "lib2to3", "turtledemo", "ensurepip"})
+                        "dist-packages", "lib2to3", "turtledemo", "ensurepip", "benchmarks",
+                        "_vendor", "vendored"})
 _MIN_DOC_CHARS = 80
 _MIN_DOC_SENTENCES = 2
 
@@ -286,7 +292,7 @@ _MIN_DOC_SENTENCES = 2
 def _builtin_roots() -> list[tuple[str, str]]:
   """(label, directory) of the stdlib and site-packages, without duplicates."""
   paths = sysconfig.get_paths()
-  roots = []
+  roots: list[tuple[str, str]] = []
   for label in ("stdlib", "purelib"):
     root = os.path.realpath(paths[label])
     if os.path.isdir(root) and root not in [r for _, r in roots]:
@@ -304,7 +310,8 @@ def _builtin_files() -> list[tuple[str, str, str]]:
                            if d.lower() not in _SKIP_DIRS and not d.startswith(".")
                            and not d.endswith((".dist-info", ".egg-info")))
       for filename in filenames:
-        if filename.endswith(".py") and not filename.startswith("test_"):
+        if (filename.endswith(".py") and not filename.startswith("test_")
+            and not filename.endswith("_test.py")):
           path = os.path.join(directory, filename)
           found.append((os.path.relpath(path, root).replace(os.sep, "/"), path))
     files.extend((label, rel, path) for rel, path in sorted(found))
@@ -323,31 +330,45 @@ def builtin_corpus_fingerprint() -> str:
 
 
 _DOCTEST = re.compile(r"^\s*(>>>|\.\.\.\s)")
-_DIRECTIVE = re.compile(r"^\s*\.\.\s")
+_DIRECTIVE = re.compile(r"^\s*\.\.(\s|$)")
 _UNDERLINE = re.compile(r"^\s*([-=~^*#+`'\"])\1{2,}\s*$")
 _HEADER = re.compile(r"^\s*[A-Z][A-Za-z ]{0,30}:\s*$")  # "Args:", "Returns:", "Example:".
-_FIELD = re.compile(r"^\s*:(param|type|returns?|rtype|raises?|var|ivar)\b")
-_CODE_START = re.compile(r"^\s*(def|class|import|from|return|raise|if|elif|else|for|while|with|"
-                         r"try|except|print|assert|lambda|yield|async|await)\b[^.]*$")
-_CODE_CHARS = re.compile(r"[{}\[\]()=<>_*/\\|@#$%^&~`;]")
+_FIELD = re.compile(r"^\s*:(param|type|returns?|rtype|raises?|var|ivar|cvar)\b")
+_CODE = re.compile(
+    r"^\s*((def|class|import|from|return|raise|elif|else|for|while|with|try|except|print|"
+    r"assert|lambda|yield|async|await)\b[^.]*$"  # A statement (not prose starting "For ...").
+    r"|[\w.\[\]'\"]+\s*[-+*/|&]?=\s*\S"  # An assignment.
+    r"|[$%#]\s"  # A shell prompt or comment.
+    r"|\w+\(.*\)\s*$"  # A call on its own line.
+    r"|.*(\s#\s|==|!=|->|\{|\}|;\s*$|\)\.)"  # Inline comment, operators, braces.
+    r")")
+_CODE_CHARS = re.compile(r"[\[\]()=<>_*/\\|@#$%^&~`]")
+_NOT_PROSE = re.compile(r"[^\w ]|[\d_]")
 _ROLES = re.compile(r":[a-z]+(:[a-z]+)?:`~?([^`<]*?)(\s*<[^>]*>)?`")  # :func:`name` -> name
 _LITERAL = re.compile(r"``([^`]*)``")
+_LINK = re.compile(r"`([^`<]+?)\s*<[^>]*>`_+")  # reST link `text <url>`_ -> text
 
 
 def _is_code_line(line: str) -> bool:
   """A heuristic for lines of code, tables or signatures inside docstrings."""
-  if _CODE_START.match(line):
+  if _CODE.match(line):
     return True
   stripped = line.strip()
   symbols = len(_CODE_CHARS.findall(stripped))
-  letters = sum(c.isalpha() or c == " " for c in stripped)
-  return symbols > 0.08 * len(stripped) or letters < 0.7 * len(stripped)
+  not_prose = len(_NOT_PROSE.findall(stripped))
+  return symbols > 0.08 * len(stripped) or not_prose > 0.3 * len(stripped)
+
+
+def _is_prose_sentence(sentence: str) -> bool:
+  """At least three words and mostly letters: drops stray fragments like "x : int"."""
+  return (sentence.count(" ") >= 2
+          and len(_NOT_PROSE.findall(sentence)) <= 0.3 * len(sentence))
 
 
 def _docstring_to_document(docstring: str) -> Document:
   """Prose sentences of a docstring; doctests, directives, headers and code-ish lines dropped."""
   lines = docstring.expandtabs().splitlines()
-  # Dedent as inspect.cleandoc does (without importing inspect's heavier machinery per call).
+  # Dedent as inspect.cleandoc does: the first line has no indentation of its own.
   indents = [len(l) - len(l.lstrip()) for l in lines[1:] if l.strip()]
   margin = min(indents) if indents else 0
   lines = [lines[0].strip()] + [l[margin:] for l in lines[1:]]
@@ -355,12 +376,13 @@ def _docstring_to_document(docstring: str) -> Document:
   skipping = ""  # "doctest": until a blank line; "indented": while indented past block_indent.
   block_indent = 0
   for line in lines:
-    indent = len(line) - len(line.lstrip())
-    if not line.strip():
+    stripped = line.strip()
+    if not stripped:
       paragraphs.append([])
       if skipping == "doctest":
         skipping = ""
       continue
+    indent = len(line) - len(line.lstrip())
     if skipping == "indented" and indent > block_indent:
       continue
     if skipping == "doctest":
@@ -370,11 +392,11 @@ def _docstring_to_document(docstring: str) -> Document:
       skipping = "doctest"
       paragraphs.append([])
       continue
-    if _DIRECTIVE.match(line) or line.rstrip().endswith("::"):
+    if _DIRECTIVE.match(line) or stripped.endswith("::"):
       # A directive or a literal block: skip its indented body; keep prose before a "::".
-      text = "" if _DIRECTIVE.match(line) else line.rstrip()[:-2].rstrip()
+      text = "" if _DIRECTIVE.match(line) else stripped[:-2].rstrip()
       if text and not _is_code_line(text):
-        paragraphs[-1].append(text.strip() + ("" if text.endswith((".", ":")) else ":"))
+        paragraphs[-1].append(text if text.endswith((".", ":")) else text + ":")
       skipping, block_indent = "indented", indent
       paragraphs.append([])
       continue
@@ -382,23 +404,17 @@ def _docstring_to_document(docstring: str) -> Document:
         or _is_code_line(line)):
       paragraphs.append([])
       continue
-    paragraphs[-1].append(line.strip())
+    paragraphs[-1].append(stripped)
   doc: Document = []
   for paragraph in paragraphs:
     if paragraph:
-      text = _LITERAL.sub(r"\1", _ROLES.sub(r"\2", " ".join(paragraph)))
+      text = _LINK.sub(r"\1", " ".join(paragraph))
+      text = _LITERAL.sub(r"\1", _ROLES.sub(r"\2", text))
       doc.extend(s for s in split_sentences(text) if _is_prose_sentence(s))
   return doc
 
 
-def _is_prose_sentence(sentence: str) -> bool:
-  """At least three words, mostly letters: drops stray fragments like "x : int"."""
-  words = sentence.split()
-  letters = sum(c.isalpha() for c in sentence)
-  return len(words) >= 3 and letters >= 0.6 * len(sentence)
-
-
-def _module_docstrings(tree: ast.Module) -> Iterator[str]:
+def _docstrings(tree: ast.Module) -> Iterator[str]:
   """Docstrings of the module, its classes and functions, in source order."""
   stack: list[ast.AST] = [tree]
   while stack:
@@ -411,42 +427,71 @@ def _module_docstrings(tree: ast.Module) -> Iterator[str]:
     stack.extend(reversed(children))
 
 
-def iter_builtin_docstrings(max_bytes: int = 0,
-                            stats: CorpusStats | None = None) -> Iterator[Document]:
+def _file_documents(path: str) -> tuple[int, list[Document]]:
+  """(source bytes, documents) of one .py file; (0, []) if it does not parse."""
+  try:
+    with open(path, "rb") as f:
+      source = f.read()
+    if b'"""' not in source and b"'''" not in source:
+      return len(source), []  # No long docstring possible; skip the (slow) parse.
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")  # SyntaxWarnings of old escape sequences.
+      tree = ast.parse(source)
+  except (SyntaxError, ValueError, UnicodeDecodeError, OSError, RecursionError, MemoryError):
+    return 0, []
+  docs = []
+  for docstring in _docstrings(tree):
+    if len(docstring) < _MIN_DOC_CHARS:
+      continue
+    doc = _docstring_to_document(docstring)
+    if len(doc) >= _MIN_DOC_SENTENCES and sum(len(s) for s in doc) >= _MIN_DOC_CHARS:
+      docs.append(doc)
+  return len(source), docs
+
+
+def iter_builtin_docstrings(max_bytes: int = 0, stats: CorpusStats | None = None,
+                            num_workers: int = 0) -> Iterator[Document]:
   """Documents from the docstrings of the installed standard library and site-packages.
 
   Each module, class and function docstring with at least two prose sentences and 80 characters
   is a document. Files are parsed with `ast` (never imported) in sorted order, and repeated
   documents (copied docstrings) are kept once, so the same installation yields the same corpus on
   every machine (`builtin_corpus_fingerprint` identifies it). `max_bytes` > 0 stops once that many
-  UTF-8 bytes of sentences have been yielded.
+  UTF-8 bytes of sentences (one newline each) have been yielded. `num_workers` > 1 parses in
+  that many processes; the output is the same (results are taken in file order).
   """
   stats = CorpusStats() if stats is None else stats
+  paths = [path for _, _, path in _builtin_files()]
   seen: set[bytes] = set()
   total = 0
-  for _, _, path in _builtin_files():
-    try:
-      with open(path, "rb") as f:
-        source = f.read()
-      with warnings.catch_warnings():
-        warnings.simplefilter("ignore")  # SyntaxWarnings of old escape sequences.
-        tree = ast.parse(source)
-    except (SyntaxError, ValueError, UnicodeDecodeError, OSError, RecursionError):
-      continue
-    stats.files += 1
-    stats.bytes += len(source)
-    for docstring in _module_docstrings(tree):
-      doc = _docstring_to_document(docstring)
-      if len(doc) < _MIN_DOC_SENTENCES or sum(len(s) for s in doc) < _MIN_DOC_CHARS:
+  pool = None
+  if num_workers > 1:
+    import multiprocessing  # Spawned, not forked: the caller may hold threads (JAX).
+
+    pool = multiprocessing.get_context("spawn").Pool(num_workers)
+    results: Iterable[tuple[int, list[Document]]] = pool.imap(_file_documents, paths,
+                                                              chunksize=16)
+  else:
+    results = map(_file_documents, paths)
+  try:
+    for size, docs in results:
+      if not size:
         continue
-      key = hashlib.blake2b("\n".join(doc).encode(), digest_size=16).digest()
-      if key in seen:
-        continue
-      seen.add(key)
-      yield _count(doc, stats)
-      total += sum(len(s.encode("utf-8")) + 1 for s in doc)
-      if max_bytes and total >= max_bytes:
-        return
+      stats.files += 1
+      stats.bytes += size
+      for doc in docs:
+        key = hashlib.blake2b("\n".join(doc).encode(), digest_size=16).digest()
+        if key in seen:
+          continue
+        seen.add(key)
+        yield _count(doc, stats)
+        total += sum(len(s.encode("utf-8")) + 1 for s in doc)
+        if max_bytes and total >= max_bytes:
+          return
+  finally:
+    if pool is not None:
+      pool.terminate()
+      pool.join()
 
 
 def iter_sentences(documents: Iterable[Document]) -> Iterator[str]:

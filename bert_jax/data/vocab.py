@@ -18,9 +18,11 @@ import os
 import re
 import shutil
 import tempfile
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
+
+logger = logging.getLogger(__name__)
 
 SPECIAL_PIECES = ("[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]")
 SENTENCEPIECE_FILE = "sentencepiece.model"
@@ -75,6 +77,25 @@ class Vocab:
     self._word_start = np.asarray(starts, dtype=np.int32)
     for i in self.special_ids:
       self._word_start[i] = 0 if i != self.unk_id else self._word_start[i]
+
+  def __getstate__(self) -> dict:
+    """Pickles the model itself (not just its path): worker processes get a working copy."""
+    if self.kind == "sentencepiece":
+      model = self._processor.serialized_model_proto()
+    else:
+      model = self._processor.to_str().encode("utf-8")
+    return {"kind": self.kind, "path": self.path, "lowercase": self.lowercase, "model": model}
+
+  def __setstate__(self, state: dict) -> None:
+    if state["kind"] == "sentencepiece":
+      import sentencepiece as spm
+
+      processor = spm.SentencePieceProcessor(model_proto=state["model"])
+    else:
+      import tokenizers
+
+      processor = tokenizers.Tokenizer.from_str(state["model"].decode("utf-8"))
+    self.__init__(state["kind"], state["path"], processor, state["lowercase"])
 
   # ------------------------------------------------------------------------- constructors
   @classmethod
@@ -293,10 +314,16 @@ def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size:
     if not count:
       raise ValueError("No sentences to train the sentencepiece vocabulary on (empty corpus).")
 
+    def spooled() -> Iterator[str]:
+      with open(spool, encoding="utf-8") as f:
+        for line in f:
+          yield line.rstrip("\n")
+
     def train(size: int) -> None:
+      # An iterator rather than input=spool: the model file would record the temporary path.
       spm.set_random_generator_seed(seed)
       spm.SentencePieceTrainer.train(
-          input=spool, model_prefix=model_prefix, vocab_size=size, model_type=model_type,
+          sentence_iterator=spooled(), model_prefix=model_prefix, vocab_size=size, model_type=model_type,
           character_coverage=character_coverage, byte_fallback=byte_fallback,
           normalization_rule_name="nmt_nfkc", input_sentence_size=input_sentence_size,
           shuffle_input_sentence=True, max_sentence_length=max_sentence_length,
@@ -320,7 +347,7 @@ def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size:
             f"--vocab_size={vocab_size} is too large for this corpus ({count} sentences): "
             f"sentencepiece supports at most {maximum}. Set --vocab_size<={maximum}, use more "
             f"text, or allow the smaller vocabulary (allow_smaller_vocab).") from e
-      logging.warning("--vocab_size=%d is too large for this corpus; training a vocabulary of "
+      logger.warning("--vocab_size=%d is too large for this corpus; training a vocabulary of "
                       "%d (the maximum sentencepiece supports) instead.", vocab_size, maximum)
       train(maximum)
   return Vocab.from_sentencepiece(model_prefix + ".model")
