@@ -7,6 +7,7 @@ sentencepiece vocabularies are trained here on a slice of the built-in corpus (n
 import logging
 import os
 import pickle
+import shutil
 
 import pytest
 
@@ -55,6 +56,9 @@ def sp_vocab(builtin_sentences, tmp_path_factory) -> vocab_lib.Vocab:
      ["lower case. after period stays.", "Wrapped over lines."]),
     ("In the U.S. Army? No. In 1999. It ended.", ["In the U.S. Army?", "No.", "In 1999.",
                                                  "It ended."]),
+    ("Er kam. Über Nacht blieb er. École fermée.",
+     ["Er kam.", "Über Nacht blieb er.", "École fermée."]),
+    ("Ends with a number 42. 7 more follow. x. y.", ["Ends with a number 42.", "7 more follow. x. y."]),
     ("   ", []),
 ])
 def test_split_sentences(text, expected):
@@ -242,9 +246,19 @@ def test_sentencepiece_specials_and_round_trip(sp_vocab, tmp_path):
   assert v.decode([v.cls_id] + ids, skip_special_tokens=True) == text
   assert v.encode_batch([text, "x y"]) == [ids, v.encode("x y")]
   # Saving and loading (directory or file) and pickling keep the same vocabulary.
-  v.save(str(tmp_path / "saved"))
+  pickle.loads(pickle.dumps(v)).save(str(tmp_path / "saved"))  # Saves from memory.
+  with open(v.path, "rb") as original, open(tmp_path / "saved" / "sentencepiece.model",
+                                            "rb") as saved:
+    assert original.read() == saved.read()
+  assert sorted(os.listdir(tmp_path / "saved")) == [
+      "sentencepiece.model", "sentencepiece.vocab", "vocab_config.json"]
+  os.makedirs(tmp_path / "other")
+  shutil.copyfile(v.path, tmp_path / "other" / "my.model")  # A lone .model in a directory.
+  shutil.copyfile(v.path, tmp_path / "spm_no_extension")
   for loaded in (vocab_lib.Vocab.load(str(tmp_path / "saved")),
                  vocab_lib.Vocab.load(str(tmp_path / "saved" / vocab_lib.SENTENCEPIECE_FILE)),
+                 vocab_lib.Vocab.load(str(tmp_path / "other")),
+                 vocab_lib.Vocab.load(str(tmp_path / "spm_no_extension")),
                  pickle.loads(pickle.dumps(v))):
     assert loaded.kind == "sentencepiece" and loaded.size == v.size
     assert loaded.encode(text) == ids and loaded.special_ids == v.special_ids
@@ -353,7 +367,13 @@ def test_wordpiece_matches_hf_bert_tokenizer(tmp_path, cased):
   # tokenizer.json (HF's serialised tokenizer) gives the same ids; save/load/pickle keep them.
   hf.backend_tokenizer.save(str(tmp_path / "tokenizer.json"))
   v.save(str(tmp_path / "saved"))
+  with open(path, "rb") as original, open(tmp_path / "saved" / "vocab.txt", "rb") as saved:
+    assert original.read() == saved.read()
+  shutil.copyfile(path, tmp_path / "vocab_no_extension")
+  vocab_lib.Vocab.load(str(tmp_path / "tokenizer.json")).save(str(tmp_path / "saved_json"))
   for other in (vocab_lib.Vocab.load(str(tmp_path / "tokenizer.json")),
+                vocab_lib.Vocab.load(str(tmp_path / "saved_json")),
+                vocab_lib.Vocab.load(str(tmp_path / "vocab_no_extension")),
                 vocab_lib.Vocab.load(str(tmp_path / "saved")),
                 pickle.loads(pickle.dumps(v))):
     assert other.kind == "wordpiece" and other.special_ids == v.special_ids

@@ -90,24 +90,36 @@ def _count_and_replace(error: UnicodeError) -> tuple[str, int]:
 codecs.register_error(_ERROR_HANDLER, _count_and_replace)
 
 
+def _decode(raw: bytes) -> tuple[str, int]:
+  """(text, invalid byte count) of UTF-8 `raw`; each invalid run becomes one U+FFFD."""
+  try:
+    return raw.decode("utf-8"), 0  # The common case, at C speed.
+  except UnicodeDecodeError:
+    pass
+  _COUNTER.invalid = 0
+  text = raw.decode("utf-8", errors=_ERROR_HANDLER)
+  return text, _COUNTER.invalid
+
+
 def _read_lines(path: str, stats: CorpusStats) -> Iterator[str]:
   """Yields the decoded, stripped lines of `path` (UTF-8; invalid bytes counted and replaced).
 
   Splitting on b"\\n" before decoding is safe because UTF-8 never uses 0x0A inside a multi-byte
   character.
   """
-  _COUNTER.invalid = 0
   stats.files += 1
+  invalid = 0
   with open(path, "rb") as f:
     for i, raw in enumerate(f):
       stats.bytes += len(raw)
       if i == 0 and raw.startswith(codecs.BOM_UTF8):
         raw = raw[len(codecs.BOM_UTF8):]
-      yield raw.decode("utf-8", errors=_ERROR_HANDLER).strip()
-  invalid = _COUNTER.invalid
-  _COUNTER.invalid = 0
+      line, line_invalid = _decode(raw)
+      if line_invalid:
+        invalid += line_invalid
+        stats.invalid_bytes += line_invalid
+      yield line.strip()
   if invalid:
-    stats.invalid_bytes += invalid
     logger.warning("%s: %d bytes are not valid UTF-8 (replaced by U+FFFD).", path, invalid)
 
 
@@ -191,29 +203,27 @@ NUMBER_ABBREVIATIONS = frozenset("""
 """.split())
 
 # A candidate boundary: sentence-final punctuation (and closing quotes/brackets), whitespace, then
-# something that can open a sentence (uppercase letter, digit, opening quote or bracket).
-_BOUNDARY = re.compile(r"""([.!?]+['"\u2019\u201d)\]]*)\s+(?=['"\u2018\u201c(\[]?[A-Z0-9])""")
-_LAST_WORD = re.compile(r"(\S+)$")
+# an optional opening quote or bracket and the character checked by `_opens_sentence`.
+_BOUNDARY = re.compile(r"""([.!?]+['"\u2019\u201d)\]]*)\s+['"\u2018\u201c(\[]?(\w)""")
 _WHITESPACE = re.compile(r"\s+")
 _INITIALS = re.compile(r"[a-z]|([a-z]\.)+[a-z]")  # "J" of "J. Smith", "U.S.A", "e.g".
 
 
-def _is_abbreviation(text_before: str, next_char: str) -> bool:
-  """Whether the word ending at a period (`text_before` ends just before it) is an abbreviation."""
-  match = _LAST_WORD.search(text_before)
-  if not match:
-    return False
-  word = match.group(1).lstrip("([\"'\u2018\u201c").lower()
+def _is_abbreviation(text: str, start: int, end: int) -> bool:
+  """Whether the word of `text` ending at `end` (a period; the sentence began at `start`) is an
+  abbreviation."""
+  word = text[max(text.rfind(" ", start, end) + 1, start):end]
+  word = word.lstrip("([\"'\u2018\u201c").lower()
   if word in ABBREVIATIONS or _INITIALS.fullmatch(word):
     return True
-  return word in NUMBER_ABBREVIATIONS and next_char.isdigit()
+  return word in NUMBER_ABBREVIATIONS and text[end + 2:end + 3].isdigit()
 
 
 def split_sentences(text: str) -> list[str]:
   """Splits `text` into sentences with a rule-based splitter (no model needed, runs offline).
 
   Splits after . ! ? (plus closing quotes/brackets) followed by whitespace and an uppercase
-  letter, digit or opening quote; not after abbreviations ("e.g.", "Mr.", "etc."), initials or
+  letter (any script), digit or opening quote; not after abbreviations ("e.g.", "Mr.", "etc."), initials or
   inside decimals ("3.14" has no whitespace after the period). Whitespace is normalised.
   """
   text = _WHITESPACE.sub(" ", text).strip()
@@ -222,11 +232,13 @@ def split_sentences(text: str) -> list[str]:
   sentences = []
   start = 0
   for match in _BOUNDARY.finditer(text):
-    punct = match.group(1)
-    if punct == "." and _is_abbreviation(text[start:match.start()], text[match.end():][:1]):
+    opener = match.group(2)  # Uppercase in any script ("Über") or a digit opens a sentence.
+    if not (opener.isupper() or opener.isdigit()):
+      continue
+    if match.group(1) == "." and _is_abbreviation(text, start, match.start()):
       continue
     sentences.append(text[start:match.end(1)])
-    start = match.end()
+    start = match.end(1) + 1  # Past the single space left by whitespace normalisation.
   sentences.append(text[start:])
   return [s.strip() for s in sentences if s.strip()]
 
@@ -255,7 +267,11 @@ def iter_tfds_text(name: str, split: str = "train", field: str = "text",
   import tensorflow_datasets as tfds  # Deferred: importing TFDS takes seconds.
 
   stats = CorpusStats() if stats is None else stats
-  source = tfds.data_source(name, split=split, data_dir=data_dir, download=download)
+  try:
+    source = tfds.data_source(name, split=split, data_dir=data_dir, download=download)
+  except Exception as e:  # TFDS raises many types (not found, bad split, failed download).
+    raise ValueError(f"TFDS dataset {name!r} split {split!r} (data_dir={data_dir!r}) could not "
+                     f"be loaded: {type(e).__name__}: {e}") from e
   found = stats.documents
   for index in range(len(source)):
     record = source[index]
@@ -265,9 +281,8 @@ def iter_tfds_text(name: str, split: str = "train", field: str = "text",
     text = record[field]
     if isinstance(text, bytes):
       stats.bytes += len(text)
-      _COUNTER.invalid = 0
-      text = text.decode("utf-8", errors=_ERROR_HANDLER)
-      stats.invalid_bytes += _COUNTER.invalid
+      text, invalid = _decode(text)
+      stats.invalid_bytes += invalid
     else:
       stats.bytes += len(text.encode("utf-8"))
     doc = _text_to_document(text)

@@ -16,7 +16,6 @@ import json
 import logging
 import os
 import re
-import shutil
 import tempfile
 from typing import Iterable, Iterator, Sequence
 
@@ -75,8 +74,8 @@ class Vocab:
     else:
       starts = [not p.startswith(_WORDPIECE_CONTINUATION) for p in pieces]
     self._word_start = np.asarray(starts, dtype=np.int32)
-    for i in self.special_ids:
-      self._word_start[i] = 0 if i != self.unk_id else self._word_start[i]
+    for i in (self.pad_id, self.cls_id, self.sep_id, self.mask_id):
+      self._word_start[i] = 0  # [UNK] keeps its flag: it stands for (part of) a real word.
 
   def __getstate__(self) -> dict:
     """Pickles the model itself (not just its path): worker processes get a working copy."""
@@ -137,13 +136,23 @@ class Vocab:
     if missing:
       raise ValueError(f"{vocab_file}: the vocabulary has no {', '.join(missing)} token(s) "
                        f"(a BERT vocab.txt needs all of {', '.join(SPECIAL_PIECES)}).")
+    duplicates = len(tokens) - len(set(tokens))
+    if duplicates:
+      raise ValueError(f"{vocab_file}: {duplicates} token(s) appear twice; ids would not be "
+                       f"line numbers.")
     if lowercase is None:
       lowercase = not any(c.isupper() for t in tokens
                           if not (t.startswith("[") and t.endswith("]")) for c in t)
-    wordpiece = tokenizers.BertWordPieceTokenizer(
-        vocab_file, lowercase=lowercase, strip_accents=None, clean_text=True,
-        handle_chinese_chars=True)
-    return cls("wordpiece", vocab_file, wordpiece._tokenizer, lowercase)
+    # The same pipeline as transformers' BertTokenizerFast: BERT normaliser (accents stripped
+    # when lowercasing), BERT pre-tokeniser, WordPiece; specials matched in raw text.
+    tokenizer = tokenizers.Tokenizer(tokenizers.models.WordPiece(
+        {t: i for i, t in enumerate(tokens)}, unk_token="[UNK]"))
+    tokenizer.normalizer = tokenizers.normalizers.BertNormalizer(
+        clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase)
+    tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
+    tokenizer.decoder = tokenizers.decoders.WordPiece(prefix=_WORDPIECE_CONTINUATION)
+    tokenizer.add_special_tokens(list(SPECIAL_PIECES))
+    return cls("wordpiece", vocab_file, tokenizer, lowercase)
 
   @classmethod
   def load(cls, path: str, lowercase: bool | None = None) -> "Vocab":
@@ -167,29 +176,40 @@ class Vocab:
       raise ValueError(f"{path}: no vocabulary found (expected {SENTENCEPIECE_FILE}, "
                        f"{WORDPIECE_FILE} or {TOKENIZER_JSON_FILE}).")
     _require_file(path)
-    if path.endswith(".model") or _is_sentencepiece_proto(path):
+    if path.endswith(".model"):
       return cls.from_sentencepiece(path)
-    if path.endswith(".json"):
+    if path.endswith((".json", ".txt")):
       return cls.from_wordpiece(path, lowercase)
-    if path.endswith(".txt") or _looks_like_vocab_txt(path):
+    try:  # No telling extension: try sentencepiece, then a vocab.txt.
+      return cls.from_sentencepiece(path)
+    except ValueError:
+      pass
+    if _looks_like_vocab_txt(path):
       return cls.from_wordpiece(path, lowercase)
     raise ValueError(f"{path}: unknown vocabulary format (expected a sentencepiece .model, a "
                      f"WordPiece vocab.txt or a tokenizer.json).")
 
   def save(self, directory: str) -> None:
-    """Copies the vocabulary file into `directory` (plus vocab_config.json), for `load(dir)`."""
+    """Writes the vocabulary into `directory` (plus vocab_config.json), for `Vocab.load(dir)`.
+
+    Written from memory, so a vocabulary whose source file is gone (unpickled, or trained in a
+    temporary directory) still saves.
+    """
     os.makedirs(directory, exist_ok=True)
     if self.kind == "sentencepiece":
       name = SENTENCEPIECE_FILE
+      with open(os.path.join(directory, name), "wb") as f:
+        f.write(self._processor.serialized_model_proto())
+      with open(os.path.join(directory, "sentencepiece.vocab"), "w", encoding="utf-8") as f:
+        for i, piece in enumerate(self._pieces):  # Human-readable, as spm's .vocab file.
+          f.write(f"{piece}\t{self._processor.get_score(i):g}\n")
+    elif self.path.endswith(".json"):
+      name = TOKENIZER_JSON_FILE
+      self._processor.save(os.path.join(directory, name))
     else:
-      name = TOKENIZER_JSON_FILE if self.path.endswith(".json") else WORDPIECE_FILE
-    target = os.path.join(directory, name)
-    if os.path.abspath(target) != os.path.abspath(self.path):
-      shutil.copyfile(self.path, target)
-    if self.kind == "sentencepiece":
-      vocab_listing = os.path.splitext(self.path)[0] + ".vocab"  # Human-readable piece list.
-      if os.path.isfile(vocab_listing):
-        shutil.copyfile(vocab_listing, os.path.join(directory, "sentencepiece.vocab"))
+      name = WORDPIECE_FILE  # Line i holds the piece of id i.
+      with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
+        f.write("".join(piece + "\n" for piece in self._pieces))
     config = {"kind": self.kind, "file": name, "lowercase": self.lowercase, "size": self.size,
               "special_ids": dict(zip(SPECIAL_PIECES, self.special_ids))}
     with open(os.path.join(directory, CONFIG_FILE), "w") as f:
@@ -367,13 +387,6 @@ def _require_file(path: str) -> None:
 def _read_vocab_txt(path: str) -> list[str]:
   with open(path, encoding="utf-8") as f:
     return [line.rstrip("\n").rstrip("\r") for line in f]
-
-
-def _is_sentencepiece_proto(path: str) -> bool:
-  """sentencepiece models are protobufs: the first byte is field 1 (pieces), wire type 2."""
-  with open(path, "rb") as f:
-    head = f.read(64)
-  return head[:1] == b"\x0a" and b"\x00" not in head[:1]
 
 
 def _looks_like_vocab_txt(path: str) -> bool:
