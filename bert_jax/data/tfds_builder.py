@@ -1,0 +1,118 @@
+"""The TFDS dataset of prepared BERT examples (ArrayRecord, read back without TensorFlow).
+
+`BertPretraining` is a `GeneratorBasedBuilder` whose `_generate_examples` streams the examples.
+TFDS's own writer (`download_and_prepare`) buffers every serialized example of a split in memory
+(its `Shuffler` keeps up to 1 GB in a list and then sorts whole buckets; `disable_shuffling`
+changes the order, not the buffering), so preparation instead writes the ArrayRecord shards
+itself, block by block in worker processes, and `write_tfds_layout` renames them to TFDS's shard
+names and writes `dataset_info.json` / `features.json` from this builder's `DatasetInfo`. Both
+paths give directories that `tfds.builder_from_directory(dir).as_data_source(split)` reads.
+
+The class lives in a module (never `__main__`) so grain worker processes can unpickle it.
+"""
+
+import os
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow_datasets as tfds
+
+from bert_jax.data import examples as examples_lib
+
+VERSION = "1.0.0"
+FILE_FORMAT = "array_record"
+
+
+def make_features(max_seq_length: int) -> tfds.features.FeaturesDict:
+  """The example schema: int32 [L] tensors and an int32 scalar label."""
+  tensors = {name: tfds.features.Tensor(shape=(max_seq_length,), dtype=np.int32)
+             for name in examples_lib.FEATURE_NAMES}
+  tensors[examples_lib.LABEL_NAME] = tfds.features.Tensor(shape=(), dtype=np.int32)
+  return tfds.features.FeaturesDict(tensors)
+
+
+class BertPretraining(tfds.core.GeneratorBasedBuilder, skip_registration=True):
+  """NSP pairs ([CLS] A [SEP] B [SEP]) with segment ids, attention mask and word starts."""
+
+  VERSION = tfds.core.Version(VERSION)
+
+  def __init__(
+      self,
+      *,
+      max_seq_length: int,
+      examples_fn: Callable[[str], Iterator[Mapping[str, Any]]] | None = None,
+      **kwargs,
+  ):
+    """`examples_fn(split)` streams a split's examples (only needed to generate)."""
+    self._max_seq_length = max_seq_length
+    self._examples_fn = examples_fn
+    kwargs.setdefault("file_format", FILE_FORMAT)
+    super().__init__(**kwargs)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description="BERT pretraining examples (next-sentence pairs), bert_jax.",
+        features=make_features(self._max_seq_length),
+    )
+
+  def _split_generators(self, dl_manager) -> dict[str, Iterator[tuple[int, Mapping[str, Any]]]]:
+    del dl_manager
+    return {split: self._generate_examples(split) for split in examples_lib.SPLITS}
+
+  def _generate_examples(self, split: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
+    if self._examples_fn is None:
+      raise ValueError("BertPretraining was built without examples_fn: nothing to generate")
+    for key, example in enumerate(self._examples_fn(split)):
+      yield key, example
+
+
+def write_tfds_layout(
+    dataset_dir: str,
+    max_seq_length: int,
+    split_shards: Mapping[str, Sequence[tuple[str, int, int]]],
+) -> None:
+  """Turns finished ArrayRecord files into a TFDS dataset in `dataset_dir`.
+
+  `split_shards[split]` lists (file path, examples, bytes) in shard order; the files are moved to
+  TFDS's `<name>-<split>.array_record-NNNNN-of-MMMMM` names. A split may have no shards.
+  """
+  builder = BertPretraining(max_seq_length=max_seq_length, data_dir=os.path.join(
+      dataset_dir, ".tfds_builder_unused"))
+  info = builder.info
+  split_infos = []
+  for split, shards in split_shards.items():
+    template = tfds.core.ShardedFileTemplate(
+        data_dir=dataset_dir, dataset_name=builder.name, split=split,
+        filetype_suffix=FILE_FORMAT)
+    for shard_index, (path, _, _) in enumerate(shards):
+      target = template.sharded_filepath(shard_index=shard_index, num_shards=len(shards))
+      os.replace(path, os.fspath(target))
+    split_infos.append(tfds.core.SplitInfo(
+        name=split,
+        shard_lengths=[int(n) for _, n, _ in shards],
+        num_bytes=int(sum(b for _, _, b in shards)),
+        filename_template=template,
+    ))
+  info.set_splits(tfds.core.SplitDict(split_infos))
+  info.write_to_directory(dataset_dir)
+
+
+def data_source(dataset_dir: str, split: str, raw: bool = False):
+  """Random-access source of one split: decoded examples (numpy int32), or record bytes."""
+  builder = tfds.builder_from_directory(dataset_dir)
+  if split not in builder.info.splits:
+    raise ValueError(f"{dataset_dir} has no {split!r} split (has: {list(builder.info.splits)})")
+  if raw:
+    return builder.as_data_source(
+        split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
+  return builder.as_data_source(split=split)
+
+
+def num_examples(dataset_dir: str, split: str) -> int:
+  """Examples in `split` from the dataset's metadata (no file is opened)."""
+  builder = tfds.builder_from_directory(dataset_dir)
+  if split not in builder.info.splits:
+    return 0
+  return int(builder.info.splits[split].num_examples)
