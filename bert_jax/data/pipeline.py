@@ -1,0 +1,274 @@
+"""Input pipelines: grain over a prepared dataset (train, eval) and a synthetic source.
+
+Every batch is a dict of numpy arrays, the per-host slice of the global batch (WORKSPACE):
+`input_ids`, `token_type_ids`, `attention_mask`, `word_starts` int32 [B, L] and
+`next_sentence_label` int32 [B]; eval batches add `example_weight` float32 [B].
+
+Train order: the whole split is shuffled with the seed, epoch after epoch (each epoch reshuffled),
+and the resulting global stream is dealt round-robin to the hosts (host p takes positions p,
+p + P, p + 2P, ...). So the hosts' shards are disjoint and together cover the data, and global
+batch k holds the same examples whatever the number of hosts.
+"""
+
+import math
+import os
+from collections.abc import Iterator, Sequence
+from typing import Any
+
+import grain
+import ml_collections
+import numpy as np
+from tensorflow_datasets.proto import tf_example_pb2
+
+from bert_jax.data import examples as examples_lib
+from bert_jax.data import prepare
+from bert_jax.data import tfds_builder
+
+Batch = dict[str, np.ndarray]
+_INT_FEATURES = (*examples_lib.FEATURE_NAMES, examples_lib.LABEL_NAME)
+# Batches computed ahead in background threads (GIL-bound decode overlaps the jitted step).
+_READ_THREADS = 2
+_READ_BUFFER = 4
+
+
+def per_host_batch_size(global_batch_size: int, process_count: int) -> int:
+  """global_batch_size // process_count, with a clear error when it does not divide."""
+  if global_batch_size <= 0 or global_batch_size % process_count:
+    raise ValueError(f"Global batch size {global_batch_size} must be a positive multiple of the "
+                     f"number of processes ({process_count}); change --config.train.batch_size "
+                     "(or --config.train.eval_batch_size).")
+  return global_batch_size // process_count
+
+
+def check_dataset_matches(meta: dict[str, Any], vocab_size: int, max_seq_length: int) -> None:
+  """Refuses a prepared dataset whose vocabulary or sequence length differs from the config."""
+  problems = []
+  if int(meta["vocab_size"]) != int(vocab_size):
+    problems.append(
+        f"the dataset's vocabulary has {meta['vocab_size']} tokens but "
+        f"config.model.vocab_size={vocab_size}: set --config.model.vocab_size="
+        f"{meta['vocab_size']} (or prepare the data again with --vocab_size={vocab_size})")
+  if int(meta["max_seq_length"]) != int(max_seq_length):
+    problems.append(
+        f"the dataset's max_seq_length is {meta['max_seq_length']} but "
+        f"config.data.max_seq_length={max_seq_length}: set --config.data.max_seq_length="
+        f"{meta['max_seq_length']} (or prepare the data again with "
+        f"--max_seq_length={max_seq_length})")
+  if problems:
+    raise ValueError("Prepared dataset does not match the model config: " + "; ".join(problems))
+
+
+def resolve_dataset(config: ml_collections.ConfigDict, workdir: str) -> tuple[str, dict]:
+  """(dataset_dir, meta) for `config.data.source` "builtin" or "prepared", checked vs config.
+
+  "builtin" prepares the docstring corpus into `<workdir>/data` on first use (cached).
+  """
+  if config.data.source == "builtin":
+    dataset_dir = prepare.prepare_builtin(os.path.join(workdir, "data"), config)
+  elif config.data.source == "prepared":
+    if not config.data.dataset_dir:
+      raise ValueError("config.data.source='prepared' needs --config.data.dataset_dir.")
+    dataset_dir = config.data.dataset_dir
+  else:
+    raise ValueError(f"config.data.source={config.data.source!r} has no dataset directory "
+                     "(expected 'builtin' or 'prepared').")
+  meta = prepare.load_meta(dataset_dir)
+  check_dataset_matches(meta, config.model.vocab_size, config.data.max_seq_length)
+  return dataset_dir, meta
+
+
+def stack_examples(examples: Sequence[dict[str, Any]]) -> Batch:
+  """TFDS-decoded examples -> one batch dict of int32 arrays."""
+  return {name: np.asarray([e[name] for e in examples], dtype=np.int32)
+          for name in _INT_FEATURES}
+
+
+def decode_records(records: Sequence[bytes]) -> Batch:
+  """Serialized records (tf.train.Example) -> one batch dict of int32 arrays.
+
+  Decodes the batch at once, about 4x faster than TFDS's per-example decoding; tests check it
+  against `tfds.features` decoding.
+  """
+  features = [tf_example_pb2.Example.FromString(r).features.feature for r in records]
+  batch = {name: np.asarray([f[name].int64_list.value for f in features], dtype=np.int32)
+           for name in _INT_FEATURES}  # [B, L]; the label [B, 1].
+  batch[examples_lib.LABEL_NAME] = batch[examples_lib.LABEL_NAME].reshape(len(records))  # [B]
+  return batch
+
+
+class ReadBatch(grain.transforms.Map):
+  """Batch of record indices [B] -> decoded batch (reads the records in one call)."""
+
+  def __init__(self, source):
+    self._source = source
+
+  def map(self, indices: np.ndarray) -> Batch:
+    return decode_records(self._source.__getitems__(indices.tolist()))
+
+
+def _split_source(dataset_dir: str, split: str):
+  """The split's records, raw bytes (decoded by `decode_records`)."""
+  prepare.load_meta(dataset_dir)  # Clear error when the directory is not a prepared dataset.
+  count = tfds_builder.num_examples(dataset_dir, split)
+  if count == 0:
+    raise ValueError(f"{dataset_dir}: the {split!r} split has no examples (prepare with more "
+                     "text, or a --validation_fraction > 0 for evaluation).")
+  return tfds_builder.data_source(dataset_dir, split, raw=True)
+
+
+def make_train_iterator(
+    dataset_dir: str,
+    *,
+    global_batch_size: int,
+    seed: int,
+    process_index: int,
+    process_count: int,
+    num_workers: int = 0,
+) -> grain.DatasetIterator:
+  """Endless per-host train batches; `get_state()` / `set_state()` make it resumable.
+
+  Save the state with `grain.checkpoint.CheckpointSave(iterator)` in an orbax checkpoint and
+  restore with `grain.checkpoint.CheckpointRestore(iterator)` on a freshly made iterator.
+  `num_workers` > 0 reads in that many grain worker processes (the caller needs a `__main__`
+  guard and, with absl, parsed flags).
+  """
+  batch_size = per_host_batch_size(global_batch_size, process_count)
+  if not 0 <= process_index < process_count:
+    raise ValueError(f"process_index={process_index} not in [0, {process_count}).")
+  source = _split_source(dataset_dir, examples_lib.TRAIN)
+  # Shuffle, deal and batch record indices; records are read a batch at a time.
+  dataset = grain.MapDataset.range(len(source)).shuffle(seed=seed).repeat(None)
+  dataset = dataset[process_index::process_count]
+  dataset = dataset.batch(batch_size, drop_remainder=True).map(ReadBatch(source))
+  iter_dataset = dataset.to_iter_dataset(grain.ReadOptions(
+      num_threads=_READ_THREADS, prefetch_buffer_size=_READ_BUFFER))
+  if num_workers > 0:
+    iter_dataset = iter_dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
+  return iter(iter_dataset)
+
+
+class EvalBatches:
+  """One deterministic pass over the validation split, sharded per host (re-iterable).
+
+  Host p gets examples p, p + P, ...; every host yields `len(self)` batches, the last ones padded
+  with copies of an example weighted 0.0, so `sum(w * x) / sum(w)` is exact over the split and
+  hosts never wait on one another in a collective.
+  """
+
+  def __init__(self, dataset_dir: str, *, global_batch_size: int, process_index: int,
+               process_count: int, max_batches: int = 0):
+    self.batch_size = per_host_batch_size(global_batch_size, process_count)
+    self._source = _split_source(dataset_dir, examples_lib.VALIDATION)
+    self.num_examples = len(self._source)
+    self._indices = range(process_index, self.num_examples, process_count)
+    longest_shard = math.ceil(self.num_examples / process_count)
+    self._num_batches = math.ceil(longest_shard / self.batch_size)
+    if max_batches > 0:
+      self._num_batches = min(self._num_batches, max_batches)
+
+  def __len__(self) -> int:
+    return self._num_batches
+
+  def __iter__(self) -> Iterator[Batch]:
+    filler = None
+    for b in range(self._num_batches):
+      indices = list(self._indices[b * self.batch_size:(b + 1) * self.batch_size])
+      records = list(self._source.__getitems__(indices)) if indices else []
+      num_pad = self.batch_size - len(records)
+      if num_pad:
+        if filler is None:
+          filler = self._source[0]
+        records.extend([filler] * num_pad)
+      batch = decode_records(records)
+      weights = np.zeros((self.batch_size,), np.float32)  # [B]
+      weights[:self.batch_size - num_pad] = 1.0
+      batch["example_weight"] = weights
+      yield batch
+
+
+def make_eval_batches(
+    dataset_dir: str,
+    *,
+    global_batch_size: int,
+    process_index: int,
+    process_count: int,
+    max_batches: int = 0,
+) -> EvalBatches:
+  """The validation split as padded, weighted per-host batches (`max_batches` > 0 caps it)."""
+  return EvalBatches(dataset_dir, global_batch_size=global_batch_size,
+                     process_index=process_index, process_count=process_count,
+                     max_batches=max_batches)
+
+
+class SyntheticIterator:
+  """Random [CLS] A [SEP] B [SEP] batches with the real batch contract, for benchmarks.
+
+  Batch k depends only on (seed, k, process_index); the state is the step counter.
+  """
+
+  def __init__(self, *, batch_size: int, seq_len: int, vocab_size: int, pad_id: int,
+               cls_id: int, sep_id: int, special_ids: Sequence[int], seed: int,
+               process_index: int):
+    if seq_len < 5:
+      raise ValueError(f"seq_len={seq_len}: need at least 5 ([CLS] A [SEP] B [SEP]).")
+    self.batch_size, self.seq_len = batch_size, seq_len
+    self._ids = (pad_id, cls_id, sep_id)
+    self._allowed = np.setdiff1d(np.arange(vocab_size, dtype=np.int32),
+                                 np.asarray([pad_id, cls_id, sep_id, *special_ids], np.int32))
+    if not len(self._allowed):
+      raise ValueError(f"vocab_size={vocab_size} leaves no non-special token.")
+    self._seed, self._process_index = seed, process_index
+    self.step = 0
+
+  def __iter__(self) -> "SyntheticIterator":
+    return self
+
+  def __next__(self) -> Batch:
+    pad_id, cls_id, sep_id = self._ids
+    b, length = self.batch_size, self.seq_len
+    rng = np.random.default_rng([self._seed, self.step, self._process_index])
+    self.step += 1
+    num_real = rng.integers(max(5, length // 2), length + 1, size=(b, 1))  # [B, 1]
+    len_a = rng.integers(1, num_real - 3)  # [B, 1]: B gets >= 1 token.
+    pos = np.arange(length)[None, :]  # [1, L]
+    sep_a, sep_b = len_a + 1, num_real - 1
+    real = pos < num_real  # [B, L]
+    special = (pos == 0) | (pos == sep_a) | (pos == sep_b)
+    input_ids = self._allowed[rng.integers(len(self._allowed), size=(b, length))]
+    input_ids = np.where(real, input_ids, pad_id)
+    input_ids = np.where(pos == 0, cls_id, input_ids)
+    input_ids = np.where((pos == sep_a) | (pos == sep_b), sep_id, input_ids)
+    word_starts = (rng.random((b, length)) < 0.7) & real & ~special
+    return {
+        "input_ids": input_ids.astype(np.int32),
+        "token_type_ids": ((pos > sep_a) & real).astype(np.int32),
+        "attention_mask": real.astype(np.int32),
+        "word_starts": word_starts.astype(np.int32),
+        "next_sentence_label": rng.integers(0, 2, size=(b,)).astype(np.int32),
+    }
+
+  def get_state(self) -> dict[str, int]:
+    return {"step": self.step}
+
+  def set_state(self, state: dict[str, int]) -> None:
+    self.step = int(state["step"])
+
+
+def make_synthetic_iterator(
+    *,
+    global_batch_size: int,
+    seq_len: int,
+    vocab_size: int,
+    pad_id: int,
+    cls_id: int,
+    sep_id: int,
+    special_ids: Sequence[int] = (),
+    seed: int,
+    process_index: int,
+    process_count: int,
+) -> SyntheticIterator:
+  """Endless random per-host batches (no data needed); resumable via get_state/set_state."""
+  return SyntheticIterator(
+      batch_size=per_host_batch_size(global_batch_size, process_count), seq_len=seq_len,
+      vocab_size=vocab_size, pad_id=pad_id, cls_id=cls_id, sep_id=sep_id,
+      special_ids=special_ids, seed=seed, process_index=process_index)

@@ -1,0 +1,285 @@
+"""Streaming preparation of a corpus into a prepared dataset directory.
+
+A prepared dataset directory (WORKSPACE contract) holds:
+  dataset_info.json, features.json, bert_pretraining-{train,validation}.array_record-*  (TFDS)
+  vocab/            the vocabulary (`Vocab.load(dir/vocab)`)
+  bert_meta.json    vocab size, special ids, max_seq_length, settings, counts, corpus stats
+
+The document stream is cut into blocks (`examples.iter_document_blocks`); worker processes turn
+each block into an ArrayRecord file, a bounded number of blocks in flight, so memory stays flat
+whatever the corpus size. Everything is written into a temporary sibling directory that is
+renamed into place at the end: an interrupted preparation never leaves a directory that looks
+complete.
+"""
+
+import collections
+import dataclasses
+import hashlib
+import json
+import logging
+import multiprocessing
+import os
+import shutil
+import tempfile
+import time
+import uuid
+from collections.abc import Callable, Iterable, Sequence
+from typing import Any
+
+import ml_collections
+
+from bert_jax.data import examples as examples_lib
+
+META_FILE = "bert_meta.json"
+VOCAB_DIR = "vocab"
+FORMAT_VERSION = 1
+_BLOCKS_DIR = ".blocks"
+
+DocumentsFactory = Callable[[], Iterable[Sequence[str]]]
+
+
+def _check_output_dir(output_dir: str) -> None:
+  if os.path.exists(output_dir) and (not os.path.isdir(output_dir) or os.listdir(output_dir)):
+    raise ValueError(f"--output_dir={output_dir} already exists and is not empty; choose a new "
+                     "directory or delete it.")
+
+
+def _as_dict(stats: Any) -> dict[str, Any] | None:
+  if stats is None:
+    return None
+  if dataclasses.is_dataclass(stats):
+    return dataclasses.asdict(stats)
+  return dict(stats)
+
+
+def _iter_block_results(
+    blocks: Iterable[examples_lib.DocumentBlock],
+    vocab: examples_lib.Tokenizer,
+    settings: examples_lib.ExampleSettings,
+    blocks_dir: str,
+    num_workers: int,
+):
+  """Yields (path, write_block result) per block, in block order.
+
+  With workers, at most 2 * num_workers blocks are in flight, so neither the corpus nor the
+  results pile up in memory. Worker processes are spawned (not forked): the caller may be a
+  multithreaded JAX process.
+  """
+  def path_of(block: examples_lib.DocumentBlock) -> str:
+    return os.path.join(blocks_dir, f"{block.split}-{block.index:06d}.array_record")
+
+  if num_workers <= 0:
+    for block in blocks:
+      yield path_of(block), examples_lib.write_block(block, settings, path_of(block), vocab)
+    return
+  context = multiprocessing.get_context("spawn")
+  with context.Pool(num_workers, initializer=examples_lib.init_worker,
+                    initargs=(vocab,)) as pool:
+    pending: collections.deque = collections.deque()
+    for block in blocks:
+      pending.append((path_of(block), pool.apply_async(
+          examples_lib.write_block, (block, settings, path_of(block)))))
+      if len(pending) >= 2 * num_workers:
+        path, result = pending.popleft()
+        yield path, result.get()
+    while pending:
+      path, result = pending.popleft()
+      yield path, result.get()
+
+
+def prepare_dataset(
+    output_dir: str,
+    documents_factory: DocumentsFactory,
+    vocab,
+    *,
+    max_seq_length: int = 128,
+    short_seq_prob: float = 0.1,
+    dupe_factor: int = 5,
+    validation_fraction: float = 0.01,
+    seed: int = 0,
+    num_workers: int | None = None,
+    block_chars: int = examples_lib.ExampleSettings.block_chars,
+    corpus_stats: Any = None,
+    corpus_fingerprint: str = "",
+) -> dict[str, Any]:
+  """Builds the NSP examples of a corpus into `output_dir`; returns the metadata written.
+
+  `documents_factory()` returns a fresh iterator of documents (lists of sentences); `vocab` is a
+  `bert_jax.data.vocab.Vocab` (picklable: the worker processes get a copy). `num_workers=None`
+  uses every core, 0 builds in this process; the output is the same for any value.
+  `corpus_stats` (e.g. a `CorpusStats` the factory's reader fills) is read after the corpus has
+  been consumed and stored in the metadata with `corpus_fingerprint`.
+  """
+  settings = examples_lib.ExampleSettings(
+      max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
+      validation_fraction=validation_fraction, seed=seed, block_chars=block_chars)
+  settings.validate()
+  output_dir = os.path.abspath(output_dir)
+  _check_output_dir(output_dir)
+  if num_workers is None:
+    num_workers = os.cpu_count() or 1
+
+  parent = os.path.dirname(output_dir)
+  os.makedirs(parent, exist_ok=True)
+  tmp_dir = os.path.join(
+      parent, f".{os.path.basename(output_dir)}.incomplete-{os.getpid()}-{uuid.uuid4().hex[:8]}")
+  os.makedirs(os.path.join(tmp_dir, _BLOCKS_DIR))
+  start = time.time()
+  try:
+    vocab.save(os.path.join(tmp_dir, VOCAB_DIR))
+    blocks = examples_lib.iter_document_blocks(
+        documents_factory(), validation_fraction=validation_fraction, block_chars=block_chars)
+    split_shards: dict[str, list[tuple[str, int, int]]] = {s: [] for s in examples_lib.SPLITS}
+    split_stats = {s: examples_lib.BlockStats() for s in examples_lib.SPLITS}
+    results = _iter_block_results(
+        blocks, vocab, settings, os.path.join(tmp_dir, _BLOCKS_DIR), num_workers)
+    for path, (split, block_index, num_bytes, stats) in results:
+      split_stats[split].add(stats)
+      if stats.examples:
+        split_shards[split].append((path, stats.examples, num_bytes))
+      chars = sum(s.chars for s in split_stats.values())
+      logging.info("prepare: %s block %d done, %.1f MB of text so far (%.2f MB/s)", split,
+                   block_index, chars / 1e6, chars / 1e6 / max(time.time() - start, 1e-9))
+    if not split_stats[examples_lib.TRAIN].examples:
+      raise ValueError("The corpus produced no training examples (no document with a tokenized "
+                       "sentence); check the input flags (--input / --tfds_name / --builtin).")
+
+    from bert_jax.data import tfds_builder  # Deferred: TFDS is a slow import.
+
+    tfds_builder.write_tfds_layout(tmp_dir, max_seq_length, split_shards)
+    shutil.rmtree(os.path.join(tmp_dir, _BLOCKS_DIR))
+    seconds = time.time() - start
+    meta = {
+        "format_version": FORMAT_VERSION,
+        "vocab_size": int(vocab.size),
+        "vocab_kind": vocab.kind,
+        "vocab_dir": VOCAB_DIR,
+        "pad_id": int(vocab.pad_id),
+        "unk_id": int(vocab.unk_id),
+        "cls_id": int(vocab.cls_id),
+        "sep_id": int(vocab.sep_id),
+        "mask_id": int(vocab.mask_id),
+        "special_ids": [int(i) for i in vocab.special_ids],
+        "max_seq_length": max_seq_length,
+        "settings": dataclasses.asdict(settings),
+        "num_examples": {s: split_stats[s].examples for s in examples_lib.SPLITS},
+        "stats": {s: dataclasses.asdict(split_stats[s]) for s in examples_lib.SPLITS},
+        "corpus_stats": _as_dict(corpus_stats),
+        "corpus_fingerprint": corpus_fingerprint,
+        "prepare_seconds": round(seconds, 3),
+    }
+    with open(os.path.join(tmp_dir, META_FILE), "w") as f:
+      json.dump(meta, f, indent=2)
+    if os.path.isdir(output_dir):
+      os.rmdir(output_dir)  # Empty (checked above); fails if someone filled it meanwhile.
+    os.rename(tmp_dir, output_dir)
+  except BaseException:
+    shutil.rmtree(tmp_dir, ignore_errors=True)
+    raise
+  train_chars = split_stats[examples_lib.TRAIN].chars + split_stats[examples_lib.VALIDATION].chars
+  logging.info("prepare: wrote %s (%d train / %d validation examples) in %.1f s, %.2f MB/s",
+               output_dir, meta["num_examples"]["train"], meta["num_examples"]["validation"],
+               seconds, train_chars / 1e6 / max(seconds, 1e-9))
+  return meta
+
+
+def load_meta(dataset_dir: str) -> dict[str, Any]:
+  """The `bert_meta.json` of a prepared dataset, with a clear error if it is not one."""
+  if not os.path.isdir(dataset_dir):
+    raise ValueError(f"Dataset directory {dataset_dir!r} does not exist; prepare it with "
+                     f"`python launch/prepare_data.py --output_dir={dataset_dir} ...` "
+                     "(or set --config.data.dataset_dir).")
+  path = os.path.join(dataset_dir, META_FILE)
+  if not os.path.isfile(path):
+    raise ValueError(f"{dataset_dir!r} is not a prepared bert_jax dataset (no {META_FILE}); "
+                     "prepare it with launch/prepare_data.py.")
+  with open(path) as f:
+    meta = json.load(f)
+  if meta.get("format_version") != FORMAT_VERSION:
+    raise ValueError(f"{path}: format_version {meta.get('format_version')} is not "
+                     f"{FORMAT_VERSION}; prepare the dataset again.")
+  return meta
+
+
+def load_vocab(dataset_dir: str):
+  """The vocabulary saved with a prepared dataset."""
+  from bert_jax.data import vocab as vocab_lib
+
+  meta = load_meta(dataset_dir)
+  return vocab_lib.Vocab.load(os.path.join(dataset_dir, meta.get("vocab_dir", VOCAB_DIR)))
+
+
+def _spool_documents(documents: Iterable[Sequence[str]], path: str) -> None:
+  """Writes documents in google-research/bert's format (a sentence a line, blank line between)."""
+  with open(path, "w", encoding="utf-8") as f:
+    for document in documents:
+      lines = [" ".join(s.split()) for s in document]
+      lines = [line for line in lines if line]
+      if lines:
+        f.write("\n".join(lines) + "\n\n")
+
+
+def builtin_cache_key(config: ml_collections.ConfigDict, fingerprint: str) -> str:
+  """What makes a built-in dataset differ: corpus fingerprint and every data/vocab setting."""
+  key = {
+      "format_version": FORMAT_VERSION,
+      "fingerprint": fingerprint,
+      "vocab_size": int(config.model.vocab_size),
+      "vocab_model_type": str(config.data.vocab_model_type),
+      "builtin_max_mb": float(config.data.builtin_max_mb),
+      "max_seq_length": int(config.data.max_seq_length),
+      "short_seq_prob": float(config.data.short_seq_prob),
+      "dupe_factor": int(config.data.dupe_factor),
+      "validation_fraction": float(config.data.validation_fraction),
+      "seed": int(config.seed),
+  }
+  return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def prepare_builtin(
+    cache_dir: str, config: ml_collections.ConfigDict, num_workers: int | None = None
+) -> str:
+  """Prepares (once) the built-in docstring corpus with `config`'s settings; returns its dir.
+
+  The directory is `<cache_dir>/builtin-<key>`, keyed by the corpus fingerprint and the
+  settings, so a second call (or a concurrent one that lost the race) returns at once.
+  """
+  from bert_jax.data import corpus
+  from bert_jax.data import vocab as vocab_lib
+
+  fingerprint = corpus.builtin_corpus_fingerprint()
+  dataset_dir = os.path.join(os.path.abspath(cache_dir),
+                             f"builtin-{builtin_cache_key(config, fingerprint)}")
+  if os.path.isfile(os.path.join(dataset_dir, META_FILE)):
+    return dataset_dir
+  os.makedirs(cache_dir, exist_ok=True)
+  max_bytes = int(float(config.data.builtin_max_mb) * 1e6)
+  with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".builtin-work-") as work_dir:
+    # Parsing the docstrings of every installed module is the slow part: do it once, then read
+    # the spooled text twice (vocabulary, examples).
+    spool = os.path.join(work_dir, "corpus.txt")
+    reader_stats = corpus.CorpusStats()
+    _spool_documents(corpus.iter_builtin_docstrings(max_bytes, reader_stats), spool)
+    try:
+      vocab = vocab_lib.train_sentencepiece(
+          corpus.iter_sentences(corpus.iter_bert_format(spool)),
+          os.path.join(work_dir, "sentencepiece"), int(config.model.vocab_size),
+          str(config.data.vocab_model_type))
+    except ValueError as e:
+      raise ValueError(f"Built-in corpus ({reader_stats.documents} documents): {e} For "
+                       "training, this is --config.model.vocab_size (or give more text with "
+                       "--config.data.builtin_max_mb).") from e
+    try:
+      prepare_dataset(
+          dataset_dir, lambda: corpus.iter_bert_format(spool), vocab,
+          max_seq_length=int(config.data.max_seq_length),
+          short_seq_prob=float(config.data.short_seq_prob),
+          dupe_factor=int(config.data.dupe_factor),
+          validation_fraction=float(config.data.validation_fraction),
+          seed=int(config.seed), num_workers=num_workers,
+          corpus_stats=reader_stats, corpus_fingerprint=fingerprint)
+    except (OSError, ValueError):
+      if os.path.isfile(os.path.join(dataset_dir, META_FILE)):
+        return dataset_dir  # Another process prepared the same dataset first.
+      raise
+  return dataset_dir
