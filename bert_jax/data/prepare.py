@@ -38,13 +38,16 @@ _BLOCKS_DIR = ".blocks"
 DocumentsFactory = Callable[[], Iterable[Sequence[str]]]
 
 
-def _check_output_dir(output_dir: str) -> None:
+def check_output_dir(output_dir: str) -> None:
+  """Raises unless `output_dir` is absent or an empty directory."""
   if os.path.exists(output_dir) and (not os.path.isdir(output_dir) or os.listdir(output_dir)):
     raise ValueError(f"--output_dir={output_dir} already exists and is not empty; choose a new "
                      "directory or delete it.")
 
 
 def _as_dict(stats: Any) -> dict[str, Any] | None:
+  if callable(stats):
+    stats = stats()
   if stats is None:
     return None
   if dataclasses.is_dataclass(stats):
@@ -107,15 +110,16 @@ def prepare_dataset(
   `documents_factory()` returns a fresh iterator of documents (lists of sentences); `vocab` is a
   `bert_jax.data.vocab.Vocab` (picklable: the worker processes get a copy). `num_workers=None`
   uses every core, 0 builds in this process; the output is the same for any value.
-  `corpus_stats` (e.g. a `CorpusStats` the factory's reader fills) is read after the corpus has
-  been consumed and stored in the metadata with `corpus_fingerprint`.
+  `corpus_stats` (e.g. the `CorpusStats` the factory's reader fills, or a callable returning it)
+  is read after the corpus has been consumed and stored in the metadata with
+  `corpus_fingerprint`.
   """
   settings = examples_lib.ExampleSettings(
       max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
       validation_fraction=validation_fraction, seed=seed, block_chars=block_chars)
   settings.validate()
   output_dir = os.path.abspath(output_dir)
-  _check_output_dir(output_dir)
+  check_output_dir(output_dir)
   if num_workers is None:
     num_workers = os.cpu_count() or 1
 
@@ -209,7 +213,7 @@ def load_vocab(dataset_dir: str):
   return vocab_lib.Vocab.load(os.path.join(dataset_dir, meta.get("vocab_dir", VOCAB_DIR)))
 
 
-def _spool_documents(documents: Iterable[Sequence[str]], path: str) -> None:
+def spool_documents(documents: Iterable[Sequence[str]], path: str) -> None:
   """Writes documents in google-research/bert's format (a sentence a line, blank line between)."""
   with open(path, "w", encoding="utf-8") as f:
     for document in documents:
@@ -259,7 +263,7 @@ def prepare_builtin(
     # the spooled text twice (vocabulary, examples).
     spool = os.path.join(work_dir, "corpus.txt")
     reader_stats = corpus.CorpusStats()
-    _spool_documents(corpus.iter_builtin_docstrings(max_bytes, reader_stats), spool)
+    spool_documents(corpus.iter_builtin_docstrings(max_bytes, reader_stats), spool)
     try:
       vocab = vocab_lib.train_sentencepiece(
           corpus.iter_sentences(corpus.iter_bert_format(spool)),
