@@ -1,0 +1,285 @@
+"""BERT's masked-LM corruption (select 15%, then 80% [MASK] / 10% random / 10% unchanged) in JAX.
+
+`mask_tokens` follows google-research/bert `create_masked_lm_predictions`: per sequence
+`num_to_predict = min(max_predictions_per_seq, max(1, round(n_eligible * mask_prob)))` targets are
+drawn uniformly without replacement among the eligible positions (not a special token, padding
+included), or, with whole-word masking, whole words are taken in random order, skipping any word
+that would overshoot `num_to_predict`. Each selected token then gets its own 80/10/10 draw. Two
+deliberate differences from the original: `n_eligible` counts only maskable tokens (the original
+also counts [CLS] and [SEP]), and a random replacement is drawn among non-special ids only.
+
+Everything is a pure function of (rng, inputs) with static shapes, so it runs inside the jitted
+train step (and under vmap) with no host round trip. Masking is dynamic: the train step derives a
+fresh key per step with `jax.random.fold_in(seed_key, step)`, so every epoch sees new masks while a
+resumed run reproduces the same masks bit for bit.
+"""
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import ml_collections
+import numpy as np
+
+
+@dataclasses.dataclass(frozen=True)
+class MaskingConfig:
+  """The masking policy; frozen and hashable so it can be a static argument of `jax.jit`.
+
+  `special_token_ids` (pad, [CLS], [SEP], [MASK], [UNK], any others) are never selected and never
+  drawn as random replacements; they are stored sorted and de-duplicated.
+  """
+  vocab_size: int
+  mask_token_id: int
+  special_token_ids: tuple[int, ...]
+  mask_prob: float = 0.15
+  max_predictions_per_seq: int = 20
+  mask_token_prob: float = 0.8
+  random_token_prob: float = 0.1
+  whole_word_masking: bool = False
+
+  def __post_init__(self):
+    def as_int(name: str, value) -> int:
+      if isinstance(value, bool) or not isinstance(value, (int, np.integer)):
+        raise TypeError(f"MaskingConfig.{name} must be an int, got {value!r}")
+      return int(value)
+
+    def as_prob(name: str, value, low_open: bool = False) -> float:
+      if isinstance(value, bool) or not isinstance(value, (int, float, np.integer, np.floating)):
+        raise TypeError(f"MaskingConfig.{name} must be a float, got {value!r}")
+      value = float(value)
+      if not (0.0 < value <= 1.0 if low_open else 0.0 <= value <= 1.0):
+        interval = "(0, 1]" if low_open else "[0, 1]"
+        raise ValueError(f"MaskingConfig.{name} must be in {interval}, got {value}")
+      return value
+
+    vocab_size = as_int("vocab_size", self.vocab_size)
+    if vocab_size < 2:
+      raise ValueError(f"MaskingConfig.vocab_size must be >= 2, got {vocab_size}")
+    mask_token_id = as_int("mask_token_id", self.mask_token_id)
+    if isinstance(self.special_token_ids, (str, bytes)) or not hasattr(self.special_token_ids,
+                                                                        "__iter__"):
+      raise TypeError("MaskingConfig.special_token_ids must be a sequence of ints, got "
+                      f"{self.special_token_ids!r}")
+    special = tuple(sorted({as_int("special_token_ids[]", t) for t in self.special_token_ids}))
+    out_of_range = [t for t in special if not 0 <= t < vocab_size]
+    if out_of_range:
+      raise ValueError(f"MaskingConfig.special_token_ids {out_of_range} are outside "
+                       f"[0, vocab_size={vocab_size})")
+    if mask_token_id not in special:
+      raise ValueError(f"MaskingConfig.mask_token_id={mask_token_id} must be one of "
+                       f"special_token_ids {special} (it must never be selected or drawn)")
+    if len(special) >= vocab_size:
+      raise ValueError("MaskingConfig: every id is special, nothing is left to mask or draw")
+    max_predictions = as_int("max_predictions_per_seq", self.max_predictions_per_seq)
+    if max_predictions < 1:
+      raise ValueError(f"MaskingConfig.max_predictions_per_seq must be >= 1, got {max_predictions}")
+    mask_prob = as_prob("mask_prob", self.mask_prob, low_open=True)
+    mask_token_prob = as_prob("mask_token_prob", self.mask_token_prob)
+    random_token_prob = as_prob("random_token_prob", self.random_token_prob)
+    if mask_token_prob + random_token_prob > 1.0 + 1e-9:
+      raise ValueError(f"MaskingConfig: mask_token_prob + random_token_prob = "
+                       f"{mask_token_prob} + {random_token_prob} > 1")
+    if not isinstance(self.whole_word_masking, (bool, np.bool_)):
+      raise TypeError(f"MaskingConfig.whole_word_masking must be a bool, got "
+                      f"{self.whole_word_masking!r}")
+    # Normalised values (plain Python types) keep equal configs equal and hashable.
+    for name, value in (("vocab_size", vocab_size), ("mask_token_id", mask_token_id),
+                        ("special_token_ids", special), ("mask_prob", mask_prob),
+                        ("max_predictions_per_seq", max_predictions),
+                        ("mask_token_prob", mask_token_prob),
+                        ("random_token_prob", random_token_prob),
+                        ("whole_word_masking", bool(self.whole_word_masking))):
+      object.__setattr__(self, name, value)
+
+  @classmethod
+  def from_config(cls, masking_cfg: ml_collections.ConfigDict, vocab_size: int,
+                  mask_token_id: int, special_token_ids) -> "MaskingConfig":
+    """Builds the policy from the `config.masking` section plus the vocabulary's ids."""
+    return cls(
+        vocab_size=vocab_size,
+        mask_token_id=mask_token_id,
+        special_token_ids=tuple(special_token_ids),
+        mask_prob=masking_cfg.mask_prob,
+        max_predictions_per_seq=masking_cfg.max_predictions_per_seq,
+        mask_token_prob=masking_cfg.mask_token_prob,
+        random_token_prob=masking_cfg.random_token_prob,
+        whole_word_masking=masking_cfg.whole_word_masking,
+    )
+
+
+def _num_to_predict_table(length: int, config: MaskingConfig) -> np.ndarray:
+  """[length + 1] int32: targets per sequence for each count of eligible tokens.
+
+  Built with Python's float64 `round` (half to even, as the original under Python 3) so the
+  count matches the reference exactly; 0 eligible tokens give 0 targets.
+  """
+  table = [min(config.max_predictions_per_seq, max(1, int(round(n * config.mask_prob))))
+           for n in range(length + 1)]
+  table[0] = 0
+  return np.asarray(table, np.int32)
+
+
+def _random_ranks(key: jax.Array, shape: tuple[int, int]) -> jax.Array:
+  """[B, N] uint32 random scores, distinct within a row and all >= 2**31 (0 can mark "none").
+
+  The low bits hold the column index, so ties are impossible and a row's order is a uniformly
+  random permutation up to the 2**-(31 - index bits) resolution of the random high bits.
+  """
+  index_bits = max(1, (shape[1] - 1).bit_length())
+  if index_bits > 15:  # Keep >= 16 random bits.
+    raise ValueError(f"rows of {shape[1]} tokens are too long for 32-bit random ranks")
+  bits = jax.random.bits(key, shape, jnp.uint32)  # [B, N]
+  column = jnp.arange(shape[1], dtype=jnp.uint32)[None, :]
+  return jnp.uint32(1 << 31) | ((bits >> (index_bits + 1)) << index_bits) | column
+
+
+def _kth_largest(scores: jax.Array, k: jax.Array) -> jax.Array:
+  """scores [B, N] uint32, k [B] >= 1 -> [B] uint32, the k-th largest score of each row.
+
+  A bitwise binary search, highest bit first (32 counting passes over the row): on CPU it is
+  several times faster than `lax.top_k` or a sort, and it is exact for distinct scores.
+  """
+  def try_bit(i, kth):  # kth [B]: its bits above bit (31 - i) are final
+    candidate = kth | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
+    count = jnp.sum(scores >= candidate[:, None], axis=1, dtype=jnp.int32)  # [B]
+    return jnp.where(count >= k, candidate, kth)
+
+  return jax.lax.fori_loop(0, 32, try_bit, jnp.zeros(scores.shape[:1], jnp.uint32))
+
+
+def _select_tokens(key: jax.Array, eligible: jax.Array, num_to_predict: jax.Array) -> jax.Array:
+  """Uniform choice of `num_to_predict` eligible positions per row -> selected [B, L] bool.
+
+  The eligible positions with the `num_to_predict` largest distinct random scores, i.e. the first
+  ones of a random shuffle, as the original's `rng.shuffle(cand_indexes)`.
+  """
+  scores = jnp.where(eligible, _random_ranks(key, eligible.shape), jnp.uint32(0))  # [B, L]
+  threshold = _kth_largest(scores, jnp.maximum(num_to_predict, 1))  # [B]
+  # num_to_predict <= n_eligible, so the threshold is an eligible score (never 0).
+  return eligible & (scores >= threshold[:, None]) & (num_to_predict > 0)[:, None]
+
+
+def _select_whole_words(key: jax.Array, eligible: jax.Array, word_starts: jax.Array,
+                        num_to_predict: jax.Array, max_predictions: int) -> jax.Array:
+  """Whole words in random order, skipping any that would overshoot -> selected [B, L] bool.
+
+  A word is an eligible start piece plus the eligible continuation pieces after it; an eligible
+  piece right after an ineligible one starts a word even if `word_starts` is 0 there.
+  """
+  batch, length = eligible.shape
+  rows = jnp.arange(batch, dtype=jnp.int32)[:, None]
+  prev_eligible = jnp.pad(eligible, ((0, 0), (1, 0)))[:, :-1]  # [B, L]
+  is_start = eligible & ((word_starts != 0) | ~prev_eligible)  # [B, L]
+  word_index = jnp.cumsum(is_start, axis=1, dtype=jnp.int32) - 1  # [B, L]; -1 before 1st word
+  # Pieces per word slot (0: no such word); ineligible tokens scatter out of range, dropped.
+  word_length = jnp.zeros((batch, length), jnp.int32).at[
+      rows, jnp.where(eligible, word_index, length)].add(1, mode="drop")  # [B, W=L]
+  scores = _random_ranks(key, (batch, length))  # [B, W]; ascending = the shuffled word order
+
+  # The original walks the shuffled words and takes each one that still fits
+  # (`if len(masked_lms) + len(index_set) > num_to_predict: continue`). A word skipped once never
+  # fits later (the room only shrinks), so taking, P times, the first untaken word in shuffled
+  # order that fits gives the same words; at most num_to_predict <= min(P, L) words are taken.
+  def take_next(_, carry):
+    taken, room = carry  # [B, W] bool, [B] int32
+    fits = (word_length > 0) & ~taken & (word_length <= room[:, None])  # [B, W]
+    first = jnp.min(jnp.where(fits, scores, jnp.uint32(0xFFFFFFFF)), axis=1)  # [B]
+    pick = fits & (scores == first[:, None])  # [B, W]; at most one word, scores are distinct
+    return taken | pick, room - jnp.sum(jnp.where(pick, word_length, 0), axis=1)
+
+  word_taken, _ = jax.lax.fori_loop(0, min(max_predictions, length), take_next,
+                                    (jnp.zeros((batch, length), jnp.bool_), num_to_predict))
+  token_taken = jnp.take_along_axis(word_taken, jnp.maximum(word_index, 0), axis=1)  # [B, L]
+  return eligible & token_taken
+
+
+def _nth_non_special(index: jax.Array, special_ids: tuple[int, ...]) -> jax.Array:
+  """Maps index in [0, V - n_special) to the index-th non-special id, without a table or rejection.
+
+  Walking the sorted specials, each one at or below the running id pushes it up by one.
+  """
+  token = index
+  for special in special_ids:
+    token = token + (token >= special).astype(token.dtype)
+  return token
+
+
+@functools.partial(jax.jit, static_argnames=("config",))
+def mask_tokens(rng: jax.Array, input_ids: jax.Array, config: MaskingConfig,
+                word_starts: jax.Array | None = None) -> dict[str, jax.Array]:
+  """Corrupts a batch for MLM; `config` is static, everything else traced.
+
+  Args:
+    rng: a PRNG key (one per call; derive per-step keys with `jax.random.fold_in`).
+    input_ids: [B, L] int token ids ([L] also works, e.g. under vmap over rows).
+    config: the `MaskingConfig` (hashable, so equal configs share one compilation).
+    word_starts: [B, L], 1 at the first piece of each word; needed when whole_word_masking.
+
+  Returns:
+    dict with `input_ids` [B, L] int32 (corrupted), `masked_lm_positions` [B, P] int32 (ascending,
+    0 in unused slots), `masked_lm_ids` [B, P] int32 (original tokens, 0 in unused slots) and
+    `masked_lm_weights` [B, P] float32 (1.0 for a target, 0.0 for an unused slot), P =
+    `config.max_predictions_per_seq`.
+  """
+  if input_ids.ndim == 1:  # One row (e.g. vmapped over rows): add and drop a batch axis.
+    row_starts = None if word_starts is None else word_starts[None]
+    out = mask_tokens(rng, input_ids[None], config, row_starts)
+    return {name: value[0] for name, value in out.items()}
+  if input_ids.ndim != 2:
+    raise ValueError(f"input_ids must be [B, L] (or [L]), got shape {input_ids.shape}")
+  input_ids = input_ids.astype(jnp.int32)  # [B, L]
+  batch, length = input_ids.shape
+  num_slots = config.max_predictions_per_seq  # P
+  select_key, category_key, token_key = jax.random.split(rng, 3)
+
+  special = jnp.asarray(config.special_token_ids, jnp.int32)
+  eligible = ~jnp.isin(input_ids, special)  # [B, L]; padding is one of the specials
+  n_eligible = jnp.sum(eligible, axis=1, dtype=jnp.int32)  # [B]
+  num_to_predict = jnp.asarray(_num_to_predict_table(length, config))[n_eligible]  # [B]
+
+  if config.whole_word_masking:
+    if word_starts is None:
+      raise ValueError("MaskingConfig.whole_word_masking=True needs word_starts [B, L] "
+                       "(1 at the first piece of each word); got None")
+    if word_starts.shape != input_ids.shape:
+      raise ValueError(f"word_starts shape {word_starts.shape} != input_ids shape "
+                       f"{input_ids.shape}")
+    selected = _select_whole_words(select_key, eligible, word_starts, num_to_predict,
+                                    num_slots)
+  else:
+    selected = _select_tokens(select_key, eligible, num_to_predict)  # [B, L]
+
+  # Slot j of a row holds its j-th selected position (ascending, as the original sorts its
+  # masked_lms by index); at most P are selected, unused slots keep the sentinel L.
+  slot = jnp.cumsum(selected, axis=1, dtype=jnp.int32) - 1  # [B, L]
+  rows = jnp.arange(batch, dtype=jnp.int32)[:, None]
+  positions = jnp.full((batch, num_slots), length, jnp.int32).at[
+      rows, jnp.where(selected, slot, num_slots)].set(
+          jnp.broadcast_to(jnp.arange(length, dtype=jnp.int32), (batch, length)),
+          mode="drop")  # [B, P]
+  used = positions < length  # [B, P]
+  masked_lm_positions = jnp.where(used, positions, 0)  # [B, P]
+  masked_lm_ids = jnp.where(
+      used, jnp.take_along_axis(input_ids, masked_lm_positions, axis=1), 0)  # [B, P]
+
+  # The 80/10/10 draw, per selected token, from keys independent of the selection.
+  draw = jax.random.uniform(category_key, (batch, num_slots), jnp.float32)  # [B, P]
+  to_mask = draw < config.mask_token_prob
+  to_random = ~to_mask & (draw < config.mask_token_prob + config.random_token_prob)
+  num_allowed = config.vocab_size - len(config.special_token_ids)
+  random_ids = _nth_non_special(
+      jax.random.randint(token_key, (batch, num_slots), 0, num_allowed, jnp.int32),
+      config.special_token_ids)  # [B, P]
+  new_ids = jnp.where(to_mask, jnp.int32(config.mask_token_id),
+                      jnp.where(to_random, random_ids, masked_lm_ids))  # [B, P]
+  # Unused slots point past the end and are dropped, so they never touch position 0.
+  corrupted = input_ids.at[rows, positions].set(new_ids, mode="drop")  # [B, L]
+
+  return {
+      "input_ids": corrupted,
+      "masked_lm_positions": masked_lm_positions,
+      "masked_lm_ids": masked_lm_ids,
+      "masked_lm_weights": used.astype(jnp.float32),
+  }
