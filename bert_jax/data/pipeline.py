@@ -15,6 +15,7 @@ import os
 from collections.abc import Iterator, Sequence
 from typing import Any
 
+from absl import flags
 import grain
 import ml_collections
 import numpy as np
@@ -143,6 +144,10 @@ def make_train_iterator(
   iter_dataset = dataset.to_iter_dataset(grain.ReadOptions(
       num_threads=_READ_THREADS, prefetch_buffer_size=_READ_BUFFER))
   if num_workers > 0:
+    if not flags.FLAGS.is_parsed():
+      # grain reads its absl flags when starting workers; outside absl's app.run (tests,
+      # notebooks) nothing has parsed them, so take their defaults.
+      flags.FLAGS.mark_as_parsed()
     iter_dataset = iter_dataset.mp_prefetch(grain.MultiprocessingOptions(num_workers=num_workers))
   return iter(iter_dataset)
 
@@ -200,10 +205,10 @@ def make_eval_batches(
                      max_batches=max_batches)
 
 
-class SyntheticIterator:
-  """Random [CLS] A [SEP] B [SEP] batches with the real batch contract, for benchmarks.
+class SyntheticBatch(grain.transforms.Map):
+  """Step k -> a random [CLS] A [SEP] B [SEP] batch with the real batch contract.
 
-  Batch k depends only on (seed, k, process_index); the state is the step counter.
+  Batch k depends only on (seed, k, process_index).
   """
 
   def __init__(self, *, batch_size: int, seq_len: int, vocab_size: int, pad_id: int,
@@ -218,16 +223,11 @@ class SyntheticIterator:
     if not len(self._allowed):
       raise ValueError(f"vocab_size={vocab_size} leaves no non-special token.")
     self._seed, self._process_index = seed, process_index
-    self.step = 0
 
-  def __iter__(self) -> "SyntheticIterator":
-    return self
-
-  def __next__(self) -> Batch:
+  def map(self, step: int) -> Batch:
     pad_id, cls_id, sep_id = self._ids
     b, length = self.batch_size, self.seq_len
-    rng = np.random.default_rng([self._seed, self.step, self._process_index])
-    self.step += 1
+    rng = np.random.default_rng([self._seed, int(step), self._process_index])
     num_real = rng.integers(max(5, length // 2), length + 1, size=(b, 1))  # [B, 1]
     len_a = rng.integers(1, num_real - 3)  # [B, 1]: B gets >= 1 token.
     pos = np.arange(length)[None, :]  # [1, L]
@@ -238,7 +238,8 @@ class SyntheticIterator:
     input_ids = np.where(real, input_ids, pad_id)
     input_ids = np.where(pos == 0, cls_id, input_ids)
     input_ids = np.where((pos == sep_a) | (pos == sep_b), sep_id, input_ids)
-    word_starts = (rng.random((b, length)) < 0.7) & real & ~special
+    word_starts = (rng.random((b, length)) < 0.7) | (pos == 1) | (pos == sep_a + 1)
+    word_starts &= real & ~special  # [B, L]
     return {
         "input_ids": input_ids.astype(np.int32),
         "token_type_ids": ((pos > sep_a) & real).astype(np.int32),
@@ -246,12 +247,6 @@ class SyntheticIterator:
         "word_starts": word_starts.astype(np.int32),
         "next_sentence_label": rng.integers(0, 2, size=(b,)).astype(np.int32),
     }
-
-  def get_state(self) -> dict[str, int]:
-    return {"step": self.step}
-
-  def set_state(self, state: dict[str, int]) -> None:
-    self.step = int(state["step"])
 
 
 def make_synthetic_iterator(
@@ -266,9 +261,15 @@ def make_synthetic_iterator(
     seed: int,
     process_index: int,
     process_count: int,
-) -> SyntheticIterator:
-  """Endless random per-host batches (no data needed); resumable via get_state/set_state."""
-  return SyntheticIterator(
+) -> grain.DatasetIterator:
+  """Endless random per-host batches (no data needed), for benchmarks.
+
+  A grain iterator over the step counter: `get_state()` / `set_state()` and the
+  `grain.checkpoint` handlers work as for `make_train_iterator`.
+  """
+  make_batch = SyntheticBatch(
       batch_size=per_host_batch_size(global_batch_size, process_count), seq_len=seq_len,
       vocab_size=vocab_size, pad_id=pad_id, cls_id=cls_id, sep_id=sep_id,
       special_ids=special_ids, seed=seed, process_index=process_index)
+  steps = grain.MapDataset.range(2**62).map(make_batch)
+  return iter(steps.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))

@@ -36,6 +36,9 @@ class BertPretraining(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """NSP pairs ([CLS] A [SEP] B [SEP]) with segment ids, attention mask and word starts."""
 
   VERSION = tfds.core.Version(VERSION)
+  # TFDS locates download checksums next to the builder's code; nothing is downloaded here, and
+  # that lookup needs the `importlib_resources` package for a builder inside a package.
+  code_path = None
 
   def __init__(
       self,

@@ -1,0 +1,310 @@
+"""Preparation into TFDS, grain pipelines (train / eval / synthetic), launcher and bad inputs."""
+
+import collections
+import json
+import os
+import random
+import subprocess
+import sys
+
+import grain
+import numpy as np
+import orbax.checkpoint as ocp
+import pytest
+
+from bert_jax.data import corpus
+from bert_jax.data import examples as ex
+from bert_jax.data import pipeline
+from bert_jax.data import prepare
+from bert_jax.data import tfds_builder
+from bert_jax.data import vocab as vocab_lib
+from configs import tiny
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+WORDS = ("the model reads text and learns which sentence comes next while masked words are "
+         "predicted from their context in every layer of the network on each step").split()
+LENGTH = 32
+
+
+def write_corpus(path: str, num_docs: int, seed: int) -> str:
+  """A small English-like corpus in BERT format (a sentence a line, blank line between docs)."""
+  rng = random.Random(seed)
+  with open(path, "w") as f:
+    for _ in range(num_docs):
+      for _ in range(rng.randint(2, 8)):
+        f.write(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 12))).capitalize()
+                + ".\n")
+      f.write("\n")
+  return path
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+  """(dataset_dir, corpus path, vocab) of a tiny prepared dataset."""
+  root = tmp_path_factory.mktemp("prepared")
+  text = write_corpus(str(root / "corpus.txt"), 150, seed=0)
+  vocab = vocab_lib.train_sentencepiece(
+      corpus.iter_sentences(corpus.iter_bert_format(text)), str(root / "sp"), 300, "bpe")
+  dataset_dir = str(root / "dataset")
+  stats = corpus.CorpusStats()
+  meta = prepare.prepare_dataset(
+      dataset_dir, lambda: corpus.iter_bert_format(text, stats), vocab, max_seq_length=LENGTH,
+      dupe_factor=2, validation_fraction=0.2, seed=0, num_workers=0, corpus_stats=stats,
+      corpus_fingerprint="test")
+  assert meta["num_examples"]["train"] > 300 and meta["num_examples"]["validation"] > 40
+  return dataset_dir, text, vocab
+
+
+def rows(batch):
+  """Hashable identity of each example of a batch."""
+  return [tuple(batch["input_ids"][i]) + tuple(batch["token_type_ids"][i]) +
+          (int(batch["next_sentence_label"][i]),) for i in range(len(batch["input_ids"]))]
+
+
+def all_rows(dataset_dir, split):
+  source = tfds_builder.data_source(dataset_dir, split)  # TFDS's own decoding.
+  return rows(pipeline.stack_examples([source[i] for i in range(len(source))]))
+
+
+def take(iterator, n):
+  return [next(iterator) for _ in range(n)]
+
+
+def assert_batches_equal(xs, ys):
+  assert len(xs) == len(ys)
+  for x, y in zip(xs, ys):
+    assert x.keys() == y.keys()
+    for k in x:
+      np.testing.assert_array_equal(x[k], y[k], err_msg=k)
+
+
+def train_iterator(dataset_dir, **kwargs):
+  args = dict(global_batch_size=8, seed=0, process_index=0, process_count=1)
+  return pipeline.make_train_iterator(dataset_dir, **{**args, **kwargs})
+
+
+def test_meta_vocab_and_batch_contract(prepared):
+  dataset_dir, _, vocab = prepared
+  meta = prepare.load_meta(dataset_dir)
+  assert meta["vocab_size"] == vocab.size == 300 and meta["max_seq_length"] == LENGTH
+  assert (meta["pad_id"], meta["cls_id"], meta["sep_id"], meta["mask_id"]) == (0, 2, 3, 4)
+  assert meta["settings"]["dupe_factor"] == 2 and meta["corpus_stats"]["documents"] == 150
+  assert prepare.load_vocab(dataset_dir).size == 300
+  batch = next(train_iterator(dataset_dir))
+  for name in ex.FEATURE_NAMES:
+    assert batch[name].shape == (8, LENGTH) and batch[name].dtype == np.int32
+  assert batch["next_sentence_label"].shape == (8,)
+  assert batch["next_sentence_label"].dtype == np.int32
+  assert (batch["input_ids"][:, 0] == vocab.cls_id).all()
+  assert ((batch["input_ids"] == vocab.sep_id).sum(1) == 2).all()
+  # Our batch decoder agrees with TFDS's per-example decoding.
+  source = tfds_builder.data_source(dataset_dir, ex.TRAIN)
+  raw = tfds_builder.data_source(dataset_dir, ex.TRAIN, raw=True)
+  assert_batches_equal([pipeline.decode_records([raw[i] for i in range(5)])],
+                       [pipeline.stack_examples([source[i] for i in range(5)])])
+
+
+def test_same_seed_same_batches(prepared):
+  dataset_dir = prepared[0]
+  first = take(train_iterator(dataset_dir), 5)
+  assert_batches_equal(first, take(train_iterator(dataset_dir), 5))
+  other = take(train_iterator(dataset_dir, seed=1), 5)
+  assert rows(first[0]) != rows(other[0])
+
+
+def test_hosts_disjoint_cover_and_match_one_host(prepared):
+  dataset_dir = prepared[0]
+  everything = all_rows(dataset_dir, ex.TRAIN)
+  n = len(everything)
+  num_batches = n // 8 + 2
+  single = take(train_iterator(dataset_dir), num_batches)
+  hosts = [take(train_iterator(dataset_dir, process_index=p, process_count=2), num_batches)
+           for p in range(2)]
+  for k in range(num_batches):  # Host p holds global positions p, p + 2, ... of each batch.
+    assert rows(hosts[0][k]) == rows(single[k])[0::2]
+    assert rows(hosts[1][k]) == rows(single[k])[1::2]
+  # The first len(train) global positions are one epoch: each example exactly once.
+  stream = [r for batch in single for r in rows(batch)]
+  assert collections.Counter(stream[:n]) == collections.Counter(everything)
+  host_streams = [[r for batch in h for r in rows(batch)] for h in hosts]
+  firsts = host_streams[0][:(n + 1) // 2] + host_streams[1][:n // 2]
+  assert collections.Counter(firsts) == collections.Counter(everything)
+  # The second epoch is shuffled differently.
+  assert stream[n:2 * n - 8] != stream[:n - 8]
+
+
+def test_restore_state_gives_same_next_batches(prepared, tmp_path):
+  dataset_dir = prepared[0]
+  iterator = train_iterator(dataset_dir, process_index=1, process_count=2)
+  take(iterator, 3)
+  state = iterator.get_state()
+  with ocp.CheckpointManager(str(tmp_path / "ckpt"),
+                             options=ocp.CheckpointManagerOptions(create=True)) as manager:
+    manager.save(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointSave(iterator)))
+    manager.wait_until_finished()
+  expected = take(iterator, 4)
+
+  restored = train_iterator(dataset_dir, process_index=1, process_count=2)
+  restored.set_state(json.loads(json.dumps(state)))
+  assert_batches_equal(take(restored, 4), expected)
+
+  fresh = train_iterator(dataset_dir, process_index=1, process_count=2)
+  with ocp.CheckpointManager(str(tmp_path / "ckpt")) as manager:
+    manager.restore(3, args=ocp.args.Composite(data=grain.checkpoint.CheckpointRestore(fresh)))
+  assert_batches_equal(take(fresh, 4), expected)
+
+
+def test_grain_worker_processes_same_batches_and_resume(prepared):
+  dataset_dir = prepared[0]
+  expected = take(train_iterator(dataset_dir), 6)
+  iterator = train_iterator(dataset_dir, num_workers=2)
+  assert_batches_equal(take(iterator, 3), expected[:3])
+  state = iterator.get_state()
+  resumed = train_iterator(dataset_dir, num_workers=2)
+  resumed.set_state(state)
+  assert_batches_equal(take(resumed, 3), expected[3:])
+
+
+def test_eval_covers_validation_once(prepared):
+  dataset_dir = prepared[0]
+  everything = all_rows(dataset_dir, ex.VALIDATION)
+  shards = [pipeline.make_eval_batches(dataset_dir, global_batch_size=12, process_index=p,
+                                       process_count=3) for p in range(3)]
+  assert len({len(s) for s in shards}) == 1  # Every host runs the same number of batches.
+  weighted = []
+  for shard in shards:
+    batches = list(shard)
+    assert len(batches) == len(shard)
+    weights = np.concatenate([b["example_weight"] for b in batches])
+    assert weights.dtype == np.float32 and set(weights) <= {0.0, 1.0}
+    assert (np.diff(weights) <= 0).all()  # Padding only at the end.
+    weighted += [r for b in batches for r, w in zip(rows(b), b["example_weight"]) if w]
+    assert all(b["input_ids"].shape == (4, LENGTH) for b in batches)
+  assert collections.Counter(weighted) == collections.Counter(everything)
+  assert list(shards[0]) and len(list(shards[0])) == len(list(shards[0]))  # Re-iterable.
+  capped = pipeline.make_eval_batches(dataset_dir, global_batch_size=12, process_index=0,
+                                      process_count=3, max_batches=2)
+  assert len(list(capped)) == 2
+
+
+def test_tfds_generator_path_matches_streamed_writer(prepared, tmp_path):
+  """TFDS's own download_and_prepare of the builder gives the same examples as our writer."""
+  dataset_dir, text, vocab = prepared
+  settings = ex.ExampleSettings(max_seq_length=LENGTH, dupe_factor=2, validation_fraction=0.2,
+                                seed=0)
+  builder = tfds_builder.BertPretraining(
+      max_seq_length=LENGTH, data_dir=str(tmp_path / "tfds"),
+      examples_fn=lambda split: ex.iter_examples(corpus.iter_bert_format(text), vocab,
+                                                 settings, split))
+  builder.download_and_prepare()
+  for split in ex.SPLITS:
+    source = builder.as_data_source(split=split)
+    reference = rows(pipeline.stack_examples([source[i] for i in range(len(source))]))
+    assert collections.Counter(reference) == collections.Counter(all_rows(dataset_dir, split))
+
+
+def test_synthetic_iterator():
+  def make(**kwargs):
+    args = dict(global_batch_size=8, seq_len=16, vocab_size=50, pad_id=0, cls_id=2, sep_id=3,
+                special_ids=(0, 1, 2, 3, 4), seed=0, process_index=0, process_count=2)
+    return pipeline.make_synthetic_iterator(**{**args, **kwargs})
+
+  iterator = make()
+  batch = next(iterator)
+  assert batch["input_ids"].shape == (4, 16) and batch["next_sentence_label"].shape == (4,)
+  for i in range(4):
+    ids, types, mask = batch["input_ids"][i], batch["token_type_ids"][i], batch["attention_mask"][i]
+    n = mask.sum()
+    seps = np.flatnonzero(ids == 3)
+    assert ids[0] == 2 and len(seps) == 2 and seps[1] == n - 1 and (ids[n:] == 0).all()
+    assert (types[:seps[0] + 1] == 0).all() and (types[seps[0] + 1:n] == 1).all()
+    assert not np.isin(ids[1:n], [0, 1, 2, 4]).any() and batch["word_starts"][i][seps].sum() == 0
+  state = iterator.get_state()
+  expected = take(iterator, 2)
+  restored = make()
+  restored.set_state(state)
+  assert_batches_equal(take(restored, 2), expected)
+  assert rows(next(make(process_index=1))) != rows(batch)
+
+
+def test_dataset_mismatch_and_batch_errors(prepared):
+  dataset_dir = prepared[0]
+  meta = prepare.load_meta(dataset_dir)
+  pipeline.check_dataset_matches(meta, 300, LENGTH)
+  with pytest.raises(ValueError, match=r"300.*config.model.vocab_size=512.*--config.model"):
+    pipeline.check_dataset_matches(meta, 512, LENGTH)
+  with pytest.raises(ValueError, match=r"32.*config.data.max_seq_length=128.*--config.data"):
+    pipeline.check_dataset_matches(meta, 300, 128)
+  with pytest.raises(ValueError, match="multiple of the number of processes"):
+    train_iterator(dataset_dir, global_batch_size=9, process_count=2)
+
+
+def test_bad_inputs(prepared, tmp_path):
+  _, text, vocab = prepared
+  with pytest.raises(ValueError, match="does not exist"):
+    prepare.load_meta(str(tmp_path / "missing"))
+  with pytest.raises(ValueError, match="no bert_meta.json"):
+    train_iterator(str(tmp_path))
+  (tmp_path / "full").mkdir()
+  (tmp_path / "full" / "x").write_text("x")
+  with pytest.raises(ValueError, match="--output_dir=.*full already exists"):
+    prepare.prepare_dataset(str(tmp_path / "full"), lambda: [], vocab)
+  blank = tmp_path / "blank.txt"
+  blank.write_text("\n  \n\n")
+  with pytest.raises(ValueError, match="blank.txt"):
+    prepare.prepare_dataset(str(tmp_path / "out"), lambda: corpus.iter_bert_format(str(blank)),
+                            vocab, num_workers=0)
+  with pytest.raises(ValueError, match="no training examples"):
+    prepare.prepare_dataset(str(tmp_path / "out"), lambda: [["   "], []], vocab, num_workers=0)
+  with pytest.raises(ValueError, match="max_seq_length"):
+    prepare.prepare_dataset(str(tmp_path / "out"), lambda: [], vocab, max_seq_length=4)
+
+  def interrupted():
+    yield from corpus.iter_bert_format(text)
+    raise KeyboardInterrupt  # E.g. Ctrl-C after the whole corpus was read.
+
+  with pytest.raises(KeyboardInterrupt):
+    prepare.prepare_dataset(str(tmp_path / "out"), interrupted, vocab, num_workers=0)
+  assert sorted(os.listdir(tmp_path)) == ["blank.txt", "full"]  # No half dataset, no temp dir.
+
+
+def test_prepare_builtin_is_cached(tmp_path):
+  config = tiny.get_config()
+  config.model.vocab_size = 400
+  config.data.vocab_model_type = "bpe"
+  config.data.builtin_max_mb = 0.15
+  config.data.dupe_factor = 1
+  config.data.validation_fraction = 0.05
+  dataset_dir = prepare.prepare_builtin(str(tmp_path / "data"), config, num_workers=0)
+  meta = prepare.load_meta(dataset_dir)
+  assert meta["vocab_size"] == 400 and meta["corpus_fingerprint"]
+  assert meta["num_examples"]["train"] > 100
+  stamp = os.path.getmtime(os.path.join(dataset_dir, prepare.META_FILE))
+  found, meta_again = pipeline.resolve_dataset(config, str(tmp_path))  # <workdir>/data.
+  assert found == dataset_dir and meta_again == meta
+  assert os.path.getmtime(os.path.join(dataset_dir, prepare.META_FILE)) == stamp
+  config.data.dupe_factor = 2  # Another setting: another directory.
+  assert prepare.builtin_cache_key(config, "x") != prepare.builtin_cache_key(tiny.get_config(),
+                                                                             "x")
+  config.model.vocab_size = 100_000
+  with pytest.raises(ValueError, match="--config.model.vocab_size"):
+    prepare.prepare_builtin(str(tmp_path / "data"), config, num_workers=0)
+
+
+def test_launcher_subprocess(tmp_path):
+  text = write_corpus(str(tmp_path / "corpus.txt"), 60, seed=1)
+  script = os.path.join(ROOT, "launch", "prepare_data.py")
+  output_dir = str(tmp_path / "dataset")
+  done = subprocess.run(
+      [sys.executable, script, f"--input={text}", f"--output_dir={output_dir}",
+       "--vocab_size=300", "--vocab_model_type=bpe", "--max_seq_length=32", "--dupe_factor=1",
+       "--num_workers=1"], capture_output=True, text=True, timeout=120)
+  assert done.returncode == 0, done.stderr[-3000:]
+  meta = prepare.load_meta(output_dir)
+  assert meta["vocab_size"] == 300 and meta["num_examples"]["train"] > 50
+  assert next(train_iterator(output_dir))["input_ids"].shape == (8, 32)
+  missing = subprocess.run(
+      [sys.executable, script, f"--input={tmp_path / 'nope.txt'}",
+       f"--output_dir={tmp_path / 'other'}"], capture_output=True, text=True, timeout=120)
+  assert missing.returncode == 1 and "nope.txt" in missing.stderr
+  assert not os.path.exists(tmp_path / "other")
