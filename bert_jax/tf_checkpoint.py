@@ -1,0 +1,530 @@
+"""TensorFlow checkpoints (google-research/bert's `bert_model.ckpt`) without TensorFlow.
+
+A TF2/TF1 "V2" checkpoint is a tensor bundle: `<prefix>.index` is a leveldb-format table (data
+blocks of prefix-compressed key/value entries with restart points, an index block, a 48-byte
+footer) mapping each variable name to a serialized `BundleEntryProto` (dtype, shape, shard id,
+offset, size, masked crc32c), and `<prefix>.data-0000i-of-0000n` hold the raw little-endian
+tensor bytes. `BundleReader` reads it with numpy alone; `write_bundle` writes the same format
+(used by the tests to build checkpoints, as TensorFlow is not a dependency).
+
+`hf_state_dict_from_tf` renames google-research/bert variables to HuggingFace BertForPreTraining
+names, so `bert_jax.convert.params_from_hf` stays the one mapping table into bert_jax params.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import os
+import re
+import struct
+import warnings
+
+import numpy as np
+
+INDEX_SUFFIX = ".index"
+_TABLE_MAGIC = 0xDB4775248B80FB57
+_FOOTER_SIZE = 48  # Two block handles padded to 40 bytes, then the 8-byte magic.
+_BLOCK_TRAILER_SIZE = 5  # Compression type byte + masked crc32c.
+_NO_COMPRESSION, _SNAPPY = 0, 1
+
+# TensorFlow DataType enum values -> numpy dtypes (little-endian, as TF writes on x86/ARM).
+_DTYPES = {1: "<f4", 2: "<f8", 3: "<i4", 4: "u1", 5: "<i2", 6: "i1", 9: "<i8", 10: "?",
+           14: "bfloat16", 17: "<u2", 19: "<f2", 22: "<u4", 23: "<u8"}
+_DT_STRING = 7
+_TF_DTYPE_OF = {np.dtype(v): k for k, v in _DTYPES.items() if v != "bfloat16"}
+
+
+# ---------------------------------------------------------------------------------- crc32c
+
+
+def _crc_tables() -> np.ndarray:
+  """[4, 256] tables of the reflected Castagnoli CRC, for four bytes per step ("slicing-by-4")."""
+  table = np.arange(256, dtype=np.uint32)
+  for _ in range(8):
+    table = np.where(table & 1, (table >> 1) ^ np.uint32(0x82F63B78), table >> 1)
+  tables = [table.astype(np.uint32)]
+  for _ in range(3):
+    tables.append((tables[-1] >> np.uint32(8)) ^ tables[0][tables[-1] & np.uint32(0xFF)])
+  return np.stack(tables)
+
+
+_CRC_TABLES = _crc_tables()
+_CRC_TABLE = _CRC_TABLES[0]
+
+
+def _apply(columns: np.ndarray, values: np.ndarray) -> np.ndarray:
+  """A GF(2)-linear map on 32-bit CRC states (column i = image of bit i), applied to `values`."""
+  out = np.zeros_like(values)
+  for bit in range(32):
+    out ^= np.where((values >> np.uint32(bit)) & np.uint32(1), columns[bit], np.uint32(0))
+  return out
+
+
+def crc32c(data: bytes | memoryview | np.ndarray) -> int:
+  """CRC-32C (Castagnoli) of `data`, vectorised with numpy (~1 s per 100 MB).
+
+  The bytes are cut into equal chunks whose CRCs (with a zero initial state, which makes the
+  CRC linear) are computed side by side, then combined pairwise: crc(A+B) = shift(crc(A), |B|)
+  xor crc(B), where shifting over |B| zero bytes is a 32x32 bit matrix squared level by level.
+  Leading zero bytes do not change a zero-initialised CRC, so padding goes in front.
+  """
+  arr = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else \
+      data.reshape(-1).view(np.uint8)
+  n = arr.size
+  if n < 4:
+    crc = 0xFFFFFFFF
+    for byte in arr.tolist():
+      crc = int(_CRC_TABLE[(crc ^ byte) & 0xFF]) ^ (crc >> 8)
+    return crc ^ 0xFFFFFFFF
+  arr = arr.copy()
+  arr[:4] ^= 0xFF  # The initial state 0xFFFFFFFF, folded into the first four bytes.
+  chunk = 64
+  while n > chunk * 65536:
+    chunk *= 2
+  num_chunks = 1 << max(0, int(np.ceil(np.log2(-(-n // chunk)))))
+  padded = np.zeros(num_chunks * chunk, dtype=np.uint8)
+  padded[padded.size - n:] = arr
+  words = padded.view("<u4").reshape(num_chunks, chunk // 4)
+  state = np.zeros(num_chunks, dtype=np.uint32)
+  low = np.uint32(0xFF)
+  for j in range(chunk // 4):  # Four bytes of every chunk per step.
+    s = state ^ words[:, j]
+    state = (np.take(_CRC_TABLES[3], s & low) ^ np.take(_CRC_TABLES[2], (s >> np.uint32(8)) & low)
+             ^ np.take(_CRC_TABLES[1], (s >> np.uint32(16)) & low)
+             ^ np.take(_CRC_TABLES[0], s >> np.uint32(24)))
+  basis = np.uint32(1) << np.arange(32, dtype=np.uint32)
+  shift = _CRC_TABLE[basis & np.uint32(0xFF)] ^ (basis >> np.uint32(8))  # One zero byte.
+  length = 1
+  while length < chunk:
+    shift, length = _apply(shift, shift), length * 2
+  while state.size > 1:
+    state = _apply(shift, state[0::2]) ^ state[1::2]
+    shift = _apply(shift, shift)
+  return int(state[0]) ^ 0xFFFFFFFF
+
+
+def mask_crc(crc: int) -> int:
+  """leveldb/TF store CRCs 'masked' so a CRC of data holding CRCs stays well distributed."""
+  return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
+
+
+# ----------------------------------------------------------------------- protobuf and varints
+
+
+def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
+  result, shift = 0, 0
+  while True:
+    if pos >= len(buf):
+      raise ValueError("truncated varint")
+    byte = buf[pos]
+    pos += 1
+    result |= (byte & 0x7F) << shift
+    if not byte & 0x80:
+      return result, pos
+    shift += 7
+    if shift > 63:
+      raise ValueError("varint too long")
+
+
+def _varint(value: int) -> bytes:
+  value &= (1 << 64) - 1  # Negative int64 values are 10-byte varints (two's complement).
+  out = bytearray()
+  while True:
+    byte = value & 0x7F
+    value >>= 7
+    if value:
+      out.append(byte | 0x80)
+    else:
+      out.append(byte)
+      return bytes(out)
+
+
+def _signed64(value: int) -> int:
+  return value - (1 << 64) if value >= 1 << 63 else value
+
+
+def _proto_fields(buf: bytes) -> list[tuple[int, int | bytes]]:
+  """(field number, value) pairs of a serialized protobuf message (no schema needed)."""
+  fields, pos = [], 0
+  while pos < len(buf):
+    key, pos = _read_varint(buf, pos)
+    number, wire = key >> 3, key & 7
+    if wire == 0:
+      value, pos = _read_varint(buf, pos)
+    elif wire == 1:
+      value, pos = struct.unpack_from("<Q", buf, pos)[0], pos + 8
+    elif wire == 2:
+      size, pos = _read_varint(buf, pos)
+      value, pos = bytes(buf[pos:pos + size]), pos + size
+      if pos > len(buf):
+        raise ValueError("truncated length-delimited field")
+    elif wire == 5:
+      value, pos = struct.unpack_from("<I", buf, pos)[0], pos + 4
+    else:
+      raise ValueError(f"unsupported protobuf wire type {wire}")
+    fields.append((number, value))
+  return fields
+
+
+def _field(number: int, wire: int, value: int | bytes) -> bytes:
+  key = _varint(number << 3 | wire)
+  if wire == 0:
+    return key + _varint(value)
+  if wire == 2:
+    return key + _varint(len(value)) + value
+  if wire == 5:
+    return key + struct.pack("<I", value)
+  raise ValueError(wire)
+
+
+@dataclasses.dataclass(frozen=True)
+class BundleEntry:
+  """A parsed `BundleEntryProto`: where one tensor's bytes are and how to check them."""
+  dtype: int
+  shape: tuple[int, ...]
+  shard_id: int
+  offset: int
+  size: int
+  crc32c: int  # Masked.
+  sliced: bool  # A partitioned variable (its slices are separate entries).
+
+  @classmethod
+  def parse(cls, buf: bytes) -> "BundleEntry":
+    values = dict(dtype=0, shape=(), shard_id=0, offset=0, size=0, crc32c=0, sliced=False)
+    for number, value in _proto_fields(buf):
+      if number == 1:
+        values["dtype"] = value
+      elif number == 2:  # TensorShapeProto: repeated Dim dim = 2 {int64 size = 1}.
+        dims = []
+        for dim_number, dim in _proto_fields(value):
+          if dim_number == 2:
+            size = dict(_proto_fields(dim)).get(1, 0)
+            dims.append(_signed64(size))
+          elif dim_number == 3 and dim:
+            raise ValueError("tensor of unknown rank")
+        values["shape"] = tuple(dims)
+      elif number in (3, 4, 5):
+        values[{3: "shard_id", 4: "offset", 5: "size"}[number]] = _signed64(value)
+      elif number == 6:
+        values["crc32c"] = value
+      elif number == 7:
+        values["sliced"] = True
+    return cls(**values)
+
+  def serialize(self) -> bytes:
+    dims = b"".join(_field(2, 2, _field(1, 0, d)) for d in self.shape)
+    return (_field(1, 0, self.dtype) + _field(2, 2, dims) + _field(3, 0, self.shard_id)
+            + _field(4, 0, self.offset) + _field(5, 0, self.size) + _field(6, 5, self.crc32c))
+
+
+# ------------------------------------------------------------------------- leveldb table format
+
+
+def _snappy_decompress(data: bytes) -> bytes:
+  """Raw snappy (no framing): a varint length, then literal and back-reference copy elements."""
+  length, pos = _read_varint(data, 0)
+  out = bytearray()
+  while pos < len(data):
+    tag = data[pos]
+    pos += 1
+    kind = tag & 3
+    if kind == 0:  # Literal; lengths over 60 are stored in the next 1-4 bytes.
+      size = tag >> 2
+      if size >= 60:
+        extra = size - 59
+        size = int.from_bytes(data[pos:pos + extra], "little")
+        pos += extra
+      size += 1
+      out += data[pos:pos + size]
+      pos += size
+      continue
+    if kind == 1:
+      size, offset = ((tag >> 2) & 7) + 4, ((tag >> 5) << 8) | data[pos]
+      pos += 1
+    elif kind == 2:
+      size, offset = (tag >> 2) + 1, int.from_bytes(data[pos:pos + 2], "little")
+      pos += 2
+    else:
+      size, offset = (tag >> 2) + 1, int.from_bytes(data[pos:pos + 4], "little")
+      pos += 4
+    if not 0 < offset <= len(out):
+      raise ValueError("bad snappy back-reference")
+    for _ in range(size):  # Copies may overlap their own output.
+      out.append(out[-offset])
+  if len(out) != length:
+    raise ValueError(f"snappy block decodes to {len(out)} bytes, header says {length}")
+  return bytes(out)
+
+
+def _read_block(index_bytes: bytes, offset: int, size: int) -> bytes:
+  end = offset + size + _BLOCK_TRAILER_SIZE
+  if end > len(index_bytes):
+    raise ValueError(f"block at {offset} (+{size}) runs past the end of the file")
+  contents = index_bytes[offset:offset + size]
+  kind = index_bytes[offset + size]
+  stored = struct.unpack_from("<I", index_bytes, offset + size + 1)[0]
+  if mask_crc(crc32c(index_bytes[offset:offset + size + 1])) != stored:
+    raise ValueError(f"checksum mismatch in the block at offset {offset}")
+  if kind == _SNAPPY:
+    return _snappy_decompress(contents)
+  if kind != _NO_COMPRESSION:
+    raise ValueError(f"unknown block compression type {kind}")
+  return contents
+
+
+def _block_entries(block: bytes) -> list[tuple[bytes, bytes]]:
+  """Key/value pairs of a block: prefix-compressed entries, then the restart array."""
+  if len(block) < 4:
+    raise ValueError("block too short")
+  num_restarts = struct.unpack_from("<I", block, len(block) - 4)[0]
+  limit = len(block) - 4 - 4 * num_restarts
+  if limit < 0:
+    raise ValueError("bad restart count")
+  entries, pos, key = [], 0, b""
+  while pos < limit:
+    shared, pos = _read_varint(block, pos)
+    non_shared, pos = _read_varint(block, pos)
+    value_size, pos = _read_varint(block, pos)
+    if shared > len(key) or pos + non_shared + value_size > limit:
+      raise ValueError("corrupt block entry")
+    key = key[:shared] + block[pos:pos + non_shared]
+    pos += non_shared
+    entries.append((key, block[pos:pos + value_size]))
+    pos += value_size
+  return entries
+
+
+def _read_handle(buf: bytes, pos: int) -> tuple[int, int, int]:
+  offset, pos = _read_varint(buf, pos)
+  size, pos = _read_varint(buf, pos)
+  return offset, size, pos
+
+
+def read_table(index_bytes: bytes) -> list[tuple[bytes, bytes]]:
+  """All key/value pairs of a leveldb-format table, in key order."""
+  if len(index_bytes) < _FOOTER_SIZE:
+    raise ValueError(f"file too short for a table ({len(index_bytes)} bytes)")
+  footer = index_bytes[-_FOOTER_SIZE:]
+  if struct.unpack_from("<Q", footer, 40)[0] != _TABLE_MAGIC:
+    raise ValueError("no table magic number at the end of the file")
+  _, _, pos = _read_handle(footer, 0)  # The metaindex block: TF writes no filters.
+  index_offset, index_size, _ = _read_handle(footer, pos)
+  entries = []
+  for _, handle in _block_entries(_read_block(index_bytes, index_offset, index_size)):
+    offset, size, _ = _read_handle(handle, 0)
+    entries.extend(_block_entries(_read_block(index_bytes, offset, size)))
+  return entries
+
+
+class _BlockBuilder:
+  def __init__(self, restart_interval: int):
+    self.restart_interval = restart_interval
+    self.buffer = bytearray()
+    self.restarts = [0]
+    self.count = 0
+    self.last_key = b""
+
+  def add(self, key: bytes, value: bytes) -> None:
+    shared = 0
+    if self.count < self.restart_interval:
+      while shared < min(len(key), len(self.last_key)) and key[shared] == self.last_key[shared]:
+        shared += 1
+    else:
+      self.restarts.append(len(self.buffer))
+      self.count = 0
+    self.buffer += _varint(shared) + _varint(len(key) - shared) + _varint(len(value))
+    self.buffer += key[shared:] + value
+    self.last_key = key
+    self.count += 1
+
+  def finish(self) -> bytes:
+    return bytes(self.buffer) + b"".join(struct.pack("<I", r) for r in self.restarts) + \
+        struct.pack("<I", len(self.restarts))
+
+  def size(self) -> int:
+    return len(self.buffer) + 4 * len(self.restarts) + 4
+
+
+def write_table(path: str, entries: list[tuple[bytes, bytes]], block_size: int = 4096) -> None:
+  """A leveldb-format table (uncompressed, as TF writes bundles) of sorted key/value pairs."""
+  out = bytearray()
+
+  def emit(contents: bytes) -> bytes:
+    handle = _varint(len(out)) + _varint(len(contents))
+    out.extend(contents + bytes([_NO_COMPRESSION]))
+    out.extend(struct.pack("<I", mask_crc(crc32c(contents + bytes([_NO_COMPRESSION])))))
+    return handle
+
+  index = _BlockBuilder(restart_interval=1)
+  block = _BlockBuilder(restart_interval=16)
+  for key, value in entries:
+    block.add(key, value)
+    if block.size() >= block_size:
+      index.add(block.last_key, emit(block.finish()))
+      block = _BlockBuilder(restart_interval=16)
+  if block.count or not index.count:
+    index.add(block.last_key, emit(block.finish()))
+  metaindex = emit(_BlockBuilder(restart_interval=16).finish())
+  footer = (metaindex + emit(index.finish())).ljust(40, b"\0") + struct.pack("<Q", _TABLE_MAGIC)
+  with open(path, "wb") as f:
+    f.write(bytes(out) + footer)
+
+
+# ------------------------------------------------------------------------------ tensor bundles
+
+
+def resolve_prefix(path: str) -> str:
+  """`bert_model.ckpt`, `bert_model.ckpt.index` or a directory holding one `*.index` -> prefix."""
+  if path.endswith(INDEX_SUFFIX):
+    path = path[:-len(INDEX_SUFFIX)]
+  if os.path.isdir(path):
+    state_file = os.path.join(path, "checkpoint")  # TF's "model_checkpoint_path: ..." file.
+    if os.path.isfile(state_file):
+      match = re.search(r'^model_checkpoint_path:\s*"(.*)"', open(state_file).read(), re.M)
+      if match:
+        prefix = match.group(1)
+        return prefix if os.path.isabs(prefix) else os.path.join(path, prefix)
+    indexes = sorted(n for n in os.listdir(path) if n.endswith(INDEX_SUFFIX))
+    if len(indexes) != 1:
+      raise ValueError(f"{path}: expected one TensorFlow checkpoint (<prefix>.index) in the "
+                       f"directory, found {indexes or 'none'}")
+    return os.path.join(path, indexes[0][:-len(INDEX_SUFFIX)])
+  return path
+
+
+def data_filename(prefix: str, shard: int, num_shards: int) -> str:
+  return f"{prefix}.data-{shard:05d}-of-{num_shards:05d}"
+
+
+class BundleReader:
+  """Reads the tensors of a TF tensor-bundle checkpoint (`<prefix>.index` + data shards)."""
+
+  def __init__(self, prefix: str):
+    self.prefix = prefix
+    self.index_file = prefix + INDEX_SUFFIX
+    if not os.path.isfile(self.index_file):
+      hint = (" (this looks like a TF1 'V1' checkpoint, which is not supported)"
+              if os.path.isfile(prefix) else "")
+      raise ValueError(f"TensorFlow checkpoint index {self.index_file} does not exist{hint}; "
+                       "pass the checkpoint prefix, e.g. .../bert_model.ckpt")
+    with open(self.index_file, "rb") as f:
+      index_bytes = f.read()
+    try:
+      table = read_table(index_bytes)
+      if not table or table[0][0] != b"":
+        raise ValueError("no bundle header entry")
+      header = dict(_proto_fields(table[0][1]))
+      self.entries = {key.decode("utf-8"): BundleEntry.parse(value) for key, value in table[1:]}
+    except (ValueError, struct.error, UnicodeDecodeError) as e:
+      raise ValueError(f"{self.index_file} is not a readable TensorFlow tensor-bundle index "
+                       f"({e})") from e
+    self.num_shards = int(header.get(1, 1))
+    if header.get(2, 0) != 0:
+      raise ValueError(f"{self.index_file}: big-endian checkpoints are not supported")
+
+  def names(self) -> list[str]:
+    return sorted(self.entries)
+
+  def read(self, name: str) -> np.ndarray:
+    """The tensor `name`, checked against its recorded size and crc32c."""
+    entry = self.entries[name]
+    if entry.sliced:
+      raise ValueError(f"{self.index_file}: {name} is a partitioned variable (not supported)")
+    if entry.dtype == _DT_STRING or entry.dtype not in _DTYPES:
+      raise ValueError(f"{self.index_file}: {name} has TF dtype {entry.dtype}, not a numeric type")
+    dtype = _DTYPES[entry.dtype]
+    if dtype == "bfloat16":
+      import ml_dtypes  # A jax dependency.
+      dtype = ml_dtypes.bfloat16
+    dtype = np.dtype(dtype)
+    count = int(np.prod(entry.shape, dtype=np.int64))
+    if entry.size != count * dtype.itemsize:
+      raise ValueError(f"{self.index_file}: {name} records {entry.size} bytes for shape "
+                       f"{entry.shape} of {dtype}")
+    data_file = data_filename(self.prefix, entry.shard_id, self.num_shards)
+    if not os.path.isfile(data_file):
+      raise ValueError(f"TensorFlow checkpoint data file {data_file} does not exist")
+    with open(data_file, "rb") as f:
+      f.seek(entry.offset)
+      raw = f.read(entry.size)
+    if len(raw) != entry.size:
+      raise ValueError(f"{data_file} is truncated: {name} needs bytes {entry.offset}.."
+                       f"{entry.offset + entry.size}, the file has fewer")
+    if mask_crc(crc32c(raw)) != entry.crc32c:
+      raise ValueError(f"{data_file} is corrupted: the checksum of {name} does not match")
+    return np.frombuffer(raw, dtype=dtype).reshape(entry.shape)
+
+
+def write_bundle(prefix: str, tensors: dict[str, np.ndarray], block_size: int = 4096) -> None:
+  """Writes `tensors` as a one-shard TF tensor bundle, as TF's BundleWriter does (for tests)."""
+  os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
+  entries, offset = [], 0
+  with open(data_filename(prefix, 0, 1), "wb") as data:
+    for name in sorted(tensors, key=lambda n: n.encode("utf-8")):
+      array = np.asarray(tensors[name], order="C")  # (ascontiguousarray makes scalars 1-d.)
+      array = array.astype(array.dtype.newbyteorder("<"))
+      raw = array.tobytes()
+      entry = BundleEntry(dtype=_TF_DTYPE_OF[array.dtype], shape=tuple(array.shape), shard_id=0,
+                          offset=offset, size=len(raw), crc32c=mask_crc(crc32c(raw)),
+                          sliced=False)
+      data.write(raw)
+      offset += len(raw)
+      entries.append((name.encode("utf-8"), entry.serialize()))
+  version = _field(1, 0, 1)  # VersionDef.producer = 1 (TF's kTensorBundleVersion).
+  header = _field(1, 0, 1) + _field(2, 0, 0) + _field(3, 2, version)
+  write_table(prefix + INDEX_SUFFIX, [(b"", header)] + entries, block_size)
+
+
+# ------------------------------------------------------------- google-research/bert -> HF names
+
+# Optimizer state and bookkeeping that google-research/bert checkpoints carry.
+_IGNORED = re.compile(r"(^|/)(adam_m|adam_v|global_step|beta[12]_power|Momentum)$|"
+                      r"^(global_step|good_steps|loss_scale|current_loss_scale)$|"
+                      r"AdamWeightDecayOptimizer|/Adam(_1)?$")
+
+
+def hf_name(tf_name: str) -> tuple[str, bool]:
+  """google-research/bert variable name -> (BertForPreTraining name, transpose?).
+
+  bert/encoder/layer_3/attention/self/query/kernel -> bert.encoder.layer.3.attention.self.query
+  .weight (transposed: TF dense kernels are [in, out], PyTorch Linear weights [out, in]);
+  LayerNorm gamma/beta -> weight/bias; cls/predictions/output_bias -> cls.predictions.bias;
+  cls/seq_relationship/output_weights is already [2, H] and keeps its layout.
+  """
+  if tf_name == "cls/predictions/output_bias":
+    return "cls.predictions.bias", False
+  if tf_name == "cls/seq_relationship/output_weights":
+    return "cls.seq_relationship.weight", False
+  if tf_name == "cls/seq_relationship/output_bias":
+    return "cls.seq_relationship.bias", False
+  parts = tf_name.split("/")
+  parts = [re.sub(r"^layer_(\d+)$", r"layer.\1", p) for p in parts]
+  last = parts[-1]
+  if last.endswith("_embeddings"):
+    return ".".join(parts + ["weight"]), False
+  renamed = {"kernel": "weight", "gamma": "weight", "beta": "bias", "bias": "bias"}.get(last)
+  if renamed is None:
+    return ".".join(parts), False
+  return ".".join(parts[:-1] + [renamed]), last == "kernel"
+
+
+def hf_state_dict_from_tf(reader: BundleReader) -> dict[str, np.ndarray]:
+  """The model variables of a google-research/bert checkpoint with HF names, as float32.
+
+  Optimizer slots (adam_m/adam_v) and global_step are skipped; variables outside `bert/` and
+  `cls/` (e.g. a fine-tuned classifier's output_weights) are skipped with a warning naming them.
+  """
+  state, skipped = {}, []
+  for name in reader.names():
+    if _IGNORED.search(name):
+      continue
+    if not name.startswith(("bert/", "cls/")):
+      skipped.append(name)
+      continue
+    key, transpose = hf_name(name)
+    array = reader.read(name).astype(np.float32)
+    state[key] = np.ascontiguousarray(array.T) if transpose else array
+  if skipped:
+    warnings.warn(f"{reader.index_file}: skipped variables that are not part of BERT's "
+                  f"encoder or pretraining heads: {skipped}", stacklevel=2)
+  return state
