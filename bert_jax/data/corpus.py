@@ -296,7 +296,7 @@ def iter_tfds_text(name: str, split: str = "train", field: str = "text",
 # Built-in corpus: docstrings of the installed Python
 
 # Bump when the extraction below changes, so data cached by the fingerprint is rebuilt.
-BUILTIN_CORPUS_VERSION = 1
+BUILTIN_CORPUS_VERSION = 2
 _SKIP_DIRS = frozenset({"test", "tests", "testing", "idle_test", "__pycache__", "site-packages",
                         "dist-packages", "lib2to3", "turtledemo", "ensurepip", "benchmarks",
                         "_vendor", "vendored"})
@@ -350,8 +350,9 @@ _UNDERLINE = re.compile(r"^\s*([-=~^*#+`'\"])\1{2,}\s*$")
 _HEADER = re.compile(r"^\s*[A-Z][A-Za-z ]{0,30}:\s*$")  # "Args:", "Returns:", "Example:".
 _FIELD = re.compile(r"^\s*:(param|type|returns?|rtype|raises?|var|ivar|cvar)\b")
 _CODE = re.compile(
-    r"^\s*((def|class|import|from|return|raise|elif|else|for|while|with|try|except|print|"
+    r"^\s*((def|class|return|raise|elif|else|for|while|with|try|except|print|"
     r"assert|lambda|yield|async|await)\b[^.]*$"  # A statement (not prose starting "For ...").
+    r"|(from\s+[\w.]+\s+)?import\s+[\w.*]+(\s+as\s+\w+)?(\s*,\s*[\w.]+)*\s*$"  # An import.
     r"|[\w.\[\]'\"]+\s*[-+*/|&]?=\s*\S"  # An assignment.
     r"|[$%#]\s"  # A shell prompt or comment.
     r"|\w+\(.*\)\s*$"  # A call on its own line.
@@ -473,7 +474,8 @@ def iter_builtin_docstrings(max_bytes: int = 0, stats: CorpusStats | None = None
   documents (copied docstrings) are kept once, so the same installation yields the same corpus on
   every machine (`builtin_corpus_fingerprint` identifies it). `max_bytes` > 0 stops once that many
   UTF-8 bytes of sentences (one newline each) have been yielded. `num_workers` > 1 parses in
-  that many processes; the output is the same (results are taken in file order).
+  that many spawned processes (the calling script needs an `if __name__ == "__main__":` guard,
+  as for any multiprocessing); the output is the same, results are taken in file order.
   """
   stats = CorpusStats() if stats is None else stats
   paths = [path for _, _, path in _builtin_files()]
