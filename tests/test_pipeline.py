@@ -104,6 +104,14 @@ def test_meta_vocab_and_batch_contract(prepared):
                        [pipeline.stack_examples([source[i] for i in range(5)])])
 
 
+def test_block_tokenization_matches_vocab(prepared):
+  _, text, vocab = prepared
+  docs = list(corpus.iter_bert_format(text))[:20] + [["", "Plain words.", " "]]
+  expected = [[vocab.encode_with_word_starts(s) for s in doc] for doc in docs]
+  expected = [[(ids, starts) for ids, starts in doc if ids] for doc in expected]
+  assert ex.tokenize_documents(docs, vocab) == expected
+
+
 def test_same_seed_same_batches(prepared):
   dataset_dir = prepared[0]
   first = take(train_iterator(dataset_dir), 5)

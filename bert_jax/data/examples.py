@@ -21,10 +21,13 @@ This module is imported by the preparation worker processes: it stays free of TF
 
 import dataclasses
 import hashlib
+import itertools
 import os
 import random
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple, Protocol
+
+import numpy as np
 
 TRAIN = "train"
 VALIDATION = "validation"
@@ -90,17 +93,19 @@ def tokenize_documents(
   sentences = [sentence for document in documents for sentence in document]
   if hasattr(tokenizer, "encode_batch") and hasattr(tokenizer, "word_starts"):
     all_ids = tokenizer.encode_batch(sentences)
-    all_word_starts = tokenizer.word_starts([t for ids in all_ids for t in ids])
+    lengths = np.fromiter(map(len, all_ids), dtype=np.int64, count=len(all_ids))  # [S]
+    flat_ids = np.fromiter(itertools.chain.from_iterable(all_ids), dtype=np.int64,
+                           count=int(lengths.sum()))  # [T]
+    flat_starts = np.asarray(tokenizer.word_starts(flat_ids), dtype=np.int64)  # [T]
     # The lookup over the concatenation only knows the first piece of the first sentence; as
     # `Vocab.word_starts`, each sentence's first piece starts a word unless it is a special.
-    no_start = set(tokenizer.special_ids) - {tokenizer.unk_id}
-    pairs, offset = [], 0
-    for ids in all_ids:
-      word_starts = all_word_starts[offset:offset + len(ids)]
-      offset += len(ids)
-      if word_starts and ids[0] not in no_start:
-        word_starts[0] = 1
-      pairs.append((ids, word_starts))
+    offsets = np.cumsum(lengths) - lengths  # [S]
+    firsts = offsets[lengths > 0]
+    no_start = sorted(set(tokenizer.special_ids) - {tokenizer.unk_id})
+    firsts = firsts[~np.isin(flat_ids[firsts], no_start)]
+    flat_starts[firsts] = 1
+    starts_list = flat_starts.tolist()
+    pairs = [(ids, starts_list[o:o + len(ids)]) for ids, o in zip(all_ids, offsets.tolist())]
   else:
     pairs = [tokenizer.encode_with_word_starts(sentence) for sentence in sentences]
   tokenized, start = [], 0
@@ -462,6 +467,9 @@ def iter_examples(
 # ---------------------------------------------------------------- worker side
 
 _WORKER_TOKENIZER: Tokenizer | None = None
+# group_size:1 for random access, as TFDS; snappy writes 2.5x faster than the default zstd for
+# ~5% larger files, and reads as fast.
+_RECORD_OPTIONS = "group_size:1,snappy"
 
 
 def init_worker(tokenizer: Tokenizer) -> None:
@@ -492,7 +500,7 @@ def write_block(
     for instance in instances:
       record = serializer.serialize(instance, tokenizer.cls_id, tokenizer.sep_id)
       if writer is None:
-        writer = array_record_module.ArrayRecordWriter(os.fspath(path), "group_size:1")
+        writer = array_record_module.ArrayRecordWriter(os.fspath(path), _RECORD_OPTIONS)
       writer.write(record)
       num_bytes += len(record)
   finally:

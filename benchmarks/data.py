@@ -1,0 +1,254 @@
+"""Data preparation and input pipeline throughput, and preparation memory vs corpus size.
+
+Run:
+  python benchmarks/data.py                        # ~5 and ~20 MB corpora, L=128
+  python benchmarks/data.py --sizes_mb=5 --dupe_factors=1 --compare_tfds_writer=false
+
+Corpora are English-like text generated from the built-in docstring corpus (documents of 2-30
+sentences drawn from its sentences with a fixed seed), cached in --work_dir. Each preparation
+runs in a child process; a sampler sums VmRSS over the child and all its descendants (the
+worker pool) every 50 ms, so "peak tree RSS" is the whole preparation's footprint (shared pages
+counted once per process: an upper bound). google-research/bert's create_pretraining_data.py
+reference on this machine: ~0.25 MB/s per dupe pass, memory growing ~28 MB per MB of text.
+
+Prints a table, then one JSON line per measurement.
+"""
+
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+import threading
+import time
+
+from absl import app
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+_WORK_DIR = flags.DEFINE_string("work_dir", "/tmp/bert_jax_bench_data", "Corpora and outputs.")
+_SIZES_MB = flags.DEFINE_list("sizes_mb", ["5", "20"], "Corpus sizes in MB.")
+_DUPE_FACTORS = flags.DEFINE_list("dupe_factors", ["1", "5"], "dupe_factor values to run.")
+_MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128, "Tokens per example.")
+_VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 8192, "sentencepiece unigram vocabulary.")
+_NUM_WORKERS = flags.DEFINE_integer("num_workers", -1, "Preparation workers (-1: cores).")
+_COMPARE_TFDS_WRITER = flags.DEFINE_bool(
+    "compare_tfds_writer", True,
+    "Also prepare (dupe_factor=1) through TFDS's own download_and_prepare, to show its memory.")
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Pipeline benchmark batch size.")
+_PIPELINE_BATCHES = flags.DEFINE_integer("pipeline_batches", 200, "Batches timed.")
+_MODE = flags.DEFINE_enum("mode", "main", ["main", "child_prepare", "child_tfds"],
+                          "Internal: what this process does.")
+_CORPUS = flags.DEFINE_string("corpus", "", "Internal: corpus file of a child.")
+_OUTPUT = flags.DEFINE_string("output", "", "Internal: output dir of a child.")
+_DUPE = flags.DEFINE_integer("dupe", 1, "Internal: dupe_factor of a child.")
+
+_SOURCE_MB = 3.0  # Built-in docstring text the sentence pool is drawn from.
+
+
+def _vocab_path() -> str:
+  return os.path.join(_WORK_DIR.value, "sp_unigram.model")
+
+
+def _make_corpora() -> dict[float, str]:
+  """Generated corpora by size (cached), and the vocabulary trained on the first."""
+  from bert_jax.data import corpus
+  from bert_jax.data import vocab as vocab_lib
+
+  os.makedirs(_WORK_DIR.value, exist_ok=True)
+  pool_path = os.path.join(_WORK_DIR.value, "docstring_sentences.txt")
+  if not os.path.exists(pool_path):
+    with open(pool_path + ".tmp", "w") as f:
+      for doc in corpus.iter_builtin_docstrings(int(_SOURCE_MB * 1e6)):
+        f.write("\n".join(" ".join(s.split()) for s in doc) + "\n")
+    os.replace(pool_path + ".tmp", pool_path)
+  with open(pool_path) as f:
+    sentences = [line.rstrip("\n") for line in f if line.strip()]
+  paths = {}
+  for size in sorted(float(s) for s in _SIZES_MB.value):
+    path = os.path.join(_WORK_DIR.value, f"corpus_{size:g}mb.txt")
+    paths[size] = path
+    if os.path.exists(path):
+      continue
+    rng = random.Random(int(size * 1000))
+    written = 0
+    with open(path + ".tmp", "w") as f:
+      while written < size * 1e6:
+        doc = "\n".join(rng.choice(sentences) for _ in range(rng.randint(2, 30))) + "\n\n"
+        f.write(doc)
+        written += len(doc.encode())
+    os.replace(path + ".tmp", path)
+  if not os.path.exists(_vocab_path()):
+    smallest = paths[min(paths)]
+    vocab_lib.train_sentencepiece(
+        corpus.iter_sentences(corpus.iter_bert_format(smallest)),
+        _vocab_path()[:-len(".model")], _VOCAB_SIZE.value, "unigram")
+  return paths
+
+
+def _tree_rss_bytes(root_pid: int) -> int:
+  """Sum of VmRSS over `root_pid` and its descendants."""
+  children: dict[int, list[int]] = {}
+  for name in os.listdir("/proc"):
+    if not name.isdigit():
+      continue
+    try:
+      with open(f"/proc/{name}/stat") as f:
+        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, IndexError, ValueError):
+      continue
+    children.setdefault(ppid, []).append(int(name))
+  total, stack = 0, [root_pid]
+  while stack:
+    pid = stack.pop()
+    stack.extend(children.get(pid, []))
+    try:
+      with open(f"/proc/{pid}/status") as f:
+        for line in f:
+          if line.startswith("VmRSS:"):
+            total += int(line.split()[1]) * 1024
+    except OSError:
+      pass
+  return total
+
+
+def _run_child(args: list[str]) -> dict:
+  """Runs this script in a child mode; returns its JSON result plus the tree's peak RSS."""
+  process = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args],
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  peak = [0]
+
+  def sample() -> None:
+    while process.poll() is None:
+      peak[0] = max(peak[0], _tree_rss_bytes(process.pid))
+      time.sleep(0.05)
+
+  sampler = threading.Thread(target=sample, daemon=True)
+  sampler.start()
+  stdout, stderr = process.communicate()
+  sampler.join()
+  if process.returncode:
+    raise RuntimeError(f"child {args} failed:\n{stderr[-3000:]}")
+  result = json.loads(stdout.strip().splitlines()[-1])
+  result["peak_tree_rss_mb"] = round(peak[0] / 2**20, 1)
+  return result
+
+
+def _child_prepare() -> None:
+  import resource
+
+  from bert_jax.data import corpus
+  from bert_jax.data import prepare
+  from bert_jax.data import vocab as vocab_lib
+
+  vocab = vocab_lib.Vocab.load(_vocab_path())
+  start = time.time()
+  meta = prepare.prepare_dataset(
+      _OUTPUT.value, lambda: corpus.iter_bert_format(_CORPUS.value), vocab,
+      max_seq_length=_MAX_SEQ_LENGTH.value, dupe_factor=_DUPE.value, validation_fraction=0.01,
+      seed=0, num_workers=None if _NUM_WORKERS.value < 0 else _NUM_WORKERS.value)
+  seconds = time.time() - start
+  max_rss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
+                resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
+  print(json.dumps({"seconds": seconds, "examples": sum(meta["num_examples"].values()),
+                    "max_process_rss_mb": round(max_rss, 1)}))
+
+
+def _child_tfds() -> None:
+  """TFDS's own writer (download_and_prepare of the builder), single process."""
+  import resource
+
+  from bert_jax.data import corpus
+  from bert_jax.data import examples as ex
+  from bert_jax.data import tfds_builder
+  from bert_jax.data import vocab as vocab_lib
+
+  vocab = vocab_lib.Vocab.load(_vocab_path())
+  settings = ex.ExampleSettings(max_seq_length=_MAX_SEQ_LENGTH.value, dupe_factor=_DUPE.value,
+                                validation_fraction=0.01, seed=0)
+  builder = tfds_builder.BertPretraining(
+      max_seq_length=_MAX_SEQ_LENGTH.value, data_dir=_OUTPUT.value,
+      examples_fn=lambda split: ex.iter_examples(
+          corpus.iter_bert_format(_CORPUS.value), vocab, settings, split))
+  start = time.time()
+  builder.download_and_prepare()
+  seconds = time.time() - start
+  examples = sum(int(s.num_examples) for s in builder.info.splits.values())
+  max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+  print(json.dumps({"seconds": seconds, "examples": examples,
+                    "max_process_rss_mb": round(max_rss, 1)}))
+
+
+def _pipeline_throughput(dataset_dir: str, num_workers: int) -> dict:
+  from bert_jax.data import pipeline
+
+  iterator = pipeline.make_train_iterator(
+      dataset_dir, global_batch_size=_BATCH_SIZE.value, seed=0, process_index=0,
+      process_count=1, num_workers=num_workers)
+  for _ in range(10):  # Warm-up (and worker start-up).
+    next(iterator)
+  start = time.time()
+  for _ in range(_PIPELINE_BATCHES.value):
+    next(iterator)
+  seconds = time.time() - start
+  return {"bench": "pipeline", "batch_size": _BATCH_SIZE.value,
+          "seq_len": _MAX_SEQ_LENGTH.value, "num_workers": num_workers,
+          "batches_per_s": round(_PIPELINE_BATCHES.value / seconds, 1),
+          "examples_per_s": round(_PIPELINE_BATCHES.value * _BATCH_SIZE.value / seconds)}
+
+
+def main(argv):
+  del argv
+  if _MODE.value == "child_prepare":
+    return _child_prepare()
+  if _MODE.value == "child_tfds":
+    return _child_tfds()
+  corpora = _make_corpora()
+  results = []
+  last_dataset = None
+  runs = [("bert_jax", d) for d in sorted(int(x) for x in _DUPE_FACTORS.value)]
+  if _COMPARE_TFDS_WRITER.value:
+    runs.append(("tfds_writer", 1))
+  for writer, dupe in runs:
+    for size, path in corpora.items():
+      output = os.path.join(_WORK_DIR.value, f"out_{writer}_{size:g}mb_dupe{dupe}")
+      shutil.rmtree(output, ignore_errors=True)
+      mode = "child_prepare" if writer == "bert_jax" else "child_tfds"
+      result = _run_child([f"--mode={mode}", f"--corpus={path}", f"--output={output}",
+                           f"--dupe={dupe}", f"--work_dir={_WORK_DIR.value}",
+                           f"--max_seq_length={_MAX_SEQ_LENGTH.value}",
+                           f"--num_workers={_NUM_WORKERS.value}"])
+      mb = os.path.getsize(path) / 1e6
+      result.update({
+          "bench": "prepare", "writer": writer, "corpus_mb": round(mb, 2), "dupe_factor": dupe,
+          "seq_len": _MAX_SEQ_LENGTH.value, "seconds": round(result["seconds"], 2),
+          "mb_per_s": round(mb / result["seconds"], 2),
+          "mb_per_s_per_pass": round(mb * dupe / result["seconds"], 2)})
+      results.append(result)
+      if writer == "bert_jax" and dupe == 1:
+        last_dataset = output
+      else:
+        shutil.rmtree(output, ignore_errors=True)
+  for num_workers in (0, 2):
+    results.append(_pipeline_throughput(last_dataset, num_workers))
+
+  print(f"\n{'writer':<12}{'MB':>7}{'dupe':>6}{'examples':>10}{'s':>8}{'MB/s':>8}"
+        f"{'MB/s/pass':>11}{'tree RSS MB':>13}{'max proc MB':>13}")
+  for r in results:
+    if r["bench"] == "prepare":
+      print(f"{r['writer']:<12}{r['corpus_mb']:>7.1f}{r['dupe_factor']:>6}{r['examples']:>10}"
+            f"{r['seconds']:>8.2f}{r['mb_per_s']:>8.2f}{r['mb_per_s_per_pass']:>11.2f}"
+            f"{r['peak_tree_rss_mb']:>13.1f}{r['max_process_rss_mb']:>13.1f}")
+  for r in results:
+    if r["bench"] == "pipeline":
+      print(f"pipeline B={r['batch_size']} L={r['seq_len']} workers={r['num_workers']}: "
+            f"{r['batches_per_s']} batches/s ({r['examples_per_s']} examples/s)")
+  print()
+  for r in results:
+    print(json.dumps(r))
+
+
+if __name__ == "__main__":
+  app.run(main)
