@@ -10,8 +10,9 @@ A bert_jax pretrained directory holds
 
 `load_pretrained(path)` reads that, a training workdir (params of its latest checkpoint), a
 HuggingFace directory or a google-research/bert TF checkpoint, and returns float32 numpy params
-with a float32 `BertConfig` (use `config.replace(dtype=...)`-style `dataclasses.replace` for
-bf16 compute). Heads that are missing are named in a warning; `heads_present(params)` tells.
+with a float32 `BertConfig` (`dataclasses.replace(config, dtype="bfloat16")` for bf16 compute).
+Heads that are missing are named in a warning; `heads_present(params)` tells, and
+`fill_missing_heads` takes them from freshly initialised params when the caller decides to.
 """
 
 from __future__ import annotations
@@ -119,6 +120,23 @@ def check_params(params: Mapping, config: BertConfig, source: str) -> dict:
       raise ValueError(f"{source}: {'/'.join(path)} holds NaN or infinite values")
     out[path] = array
   return _unflatten(out)
+
+
+def fill_missing_heads(params: Mapping, initial_params: Mapping) -> dict:
+  """`params` plus the heads it lacks, taken from `initial_params` (e.g. a fresh
+  `BertForPreTraining.init`), for continued pretraining of an encoder-only checkpoint. The
+  caller decides to initialise them; this logs which ones it took."""
+  import flax.linen as nn
+
+  flat = _flatten(params)
+  missing = [h for h, present in heads_present(params).items() if not present]
+  for path, value in _flatten(nn.meta.unbox(initial_params)).items():
+    if _head_of(path) in missing:
+      flat[path] = value
+  if missing:
+    logger.info("Initialised the %s from the given initial params",
+                ", ".join(_HEAD_TITLES[h] for h in missing))
+  return _unflatten(flat)
 
 
 def _warn_missing_heads(params: Mapping, source: str) -> None:

@@ -211,6 +211,13 @@ def test_bert_model_without_heads_imports_with_a_note(tmp_path):
     _, reloaded_params, _ = pretrained.load_pretrained(saved)
   assert pretrained.heads_present(reloaded_params)["mlm"] is False
   assert pretrained.save_hf(tmp_path / "hf_out", reloaded_params, config, None) == "BertModel"
+  # Continued pretraining initialises the heads explicitly; the encoder stays as imported.
+  fresh = BertForPreTraining(config).init(jax.random.key(0), *_batch())["params"]
+  full = pretrained.fill_missing_heads(reloaded_params, fresh)
+  assert pretrained.heads_present(full) == {"pooler": True, "mlm": True, "nsp": True}
+  np.testing.assert_array_equal(full["bert"]["layer_0"]["output"]["kernel"],
+                                reloaded_params["bert"]["layer_0"]["output"]["kernel"])
+  assert np.isfinite(_our_logits(config, full, _batch())["mlm_logits"]).all()
   reloaded, loading = transformers.BertModel.from_pretrained(
       tmp_path / "hf_out", output_loading_info=True)
   assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
