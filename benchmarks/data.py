@@ -37,6 +37,8 @@ _NUM_WORKERS = flags.DEFINE_integer("num_workers", -1, "Preparation workers (-1:
 _COMPARE_TFDS_WRITER = flags.DEFINE_bool(
     "compare_tfds_writer", True,
     "Also prepare (dupe_factor=1) through TFDS's own download_and_prepare, to show its memory.")
+_REPEATS = flags.DEFINE_integer("repeats", 2, "Runs per measurement; the fastest is reported "
+                                "(the machine is shared), with the highest peak RSS.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Pipeline benchmark batch size.")
 _PIPELINE_BATCHES = flags.DEFINE_integer("pipeline_batches", 200, "Batches timed.")
 _MODE = flags.DEFINE_enum("mode", "main", ["main", "child_prepare", "child_tfds"],
@@ -88,8 +90,8 @@ def _make_corpora() -> dict[float, str]:
   return paths
 
 
-def _tree_rss_bytes(root_pid: int) -> int:
-  """Sum of VmRSS over `root_pid` and its descendants."""
+def _tree_rss_bytes(root_pid: int) -> tuple[int, int]:
+  """(sum, max) of VmRSS over `root_pid` and its descendants."""
   children: dict[int, list[int]] = {}
   for name in os.listdir("/proc"):
     if not name.isdigit():
@@ -100,7 +102,7 @@ def _tree_rss_bytes(root_pid: int) -> int:
     except (OSError, IndexError, ValueError):
       continue
     children.setdefault(ppid, []).append(int(name))
-  total, stack = 0, [root_pid]
+  total, largest, stack = 0, 0, [root_pid]
   while stack:
     pid = stack.pop()
     stack.extend(children.get(pid, []))
@@ -108,21 +110,24 @@ def _tree_rss_bytes(root_pid: int) -> int:
       with open(f"/proc/{pid}/status") as f:
         for line in f:
           if line.startswith("VmRSS:"):
-            total += int(line.split()[1]) * 1024
+            rss = int(line.split()[1]) * 1024
+            total += rss
+            largest = max(largest, rss)
     except OSError:
       pass
-  return total
+  return total, largest
 
 
 def _run_child(args: list[str]) -> dict:
   """Runs this script in a child mode; returns its JSON result plus the tree's peak RSS."""
   process = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args],
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-  peak = [0]
+  peak = [0, 0]
 
   def sample() -> None:
     while process.poll() is None:
-      peak[0] = max(peak[0], _tree_rss_bytes(process.pid))
+      total, largest = _tree_rss_bytes(process.pid)
+      peak[0], peak[1] = max(peak[0], total), max(peak[1], largest)
       time.sleep(0.05)
 
   sampler = threading.Thread(target=sample, daemon=True)
@@ -133,12 +138,11 @@ def _run_child(args: list[str]) -> dict:
     raise RuntimeError(f"child {args} failed:\n{stderr[-3000:]}")
   result = json.loads(stdout.strip().splitlines()[-1])
   result["peak_tree_rss_mb"] = round(peak[0] / 2**20, 1)
+  result["peak_process_rss_mb"] = round(peak[1] / 2**20, 1)
   return result
 
 
 def _child_prepare() -> None:
-  import resource
-
   from bert_jax.data import corpus
   from bert_jax.data import prepare
   from bert_jax.data import vocab as vocab_lib
@@ -150,16 +154,11 @@ def _child_prepare() -> None:
       max_seq_length=_MAX_SEQ_LENGTH.value, dupe_factor=_DUPE.value, validation_fraction=0.01,
       seed=0, num_workers=None if _NUM_WORKERS.value < 0 else _NUM_WORKERS.value)
   seconds = time.time() - start
-  max_rss = max(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss,
-                resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss) / 1024
-  print(json.dumps({"seconds": seconds, "examples": sum(meta["num_examples"].values()),
-                    "max_process_rss_mb": round(max_rss, 1)}))
+  print(json.dumps({"seconds": seconds, "examples": sum(meta["num_examples"].values())}))
 
 
 def _child_tfds() -> None:
   """TFDS's own writer (download_and_prepare of the builder), single process."""
-  import resource
-
   from bert_jax.data import corpus
   from bert_jax.data import examples as ex
   from bert_jax.data import tfds_builder
@@ -176,9 +175,7 @@ def _child_tfds() -> None:
   builder.download_and_prepare()
   seconds = time.time() - start
   examples = sum(int(s.num_examples) for s in builder.info.splits.values())
-  max_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-  print(json.dumps({"seconds": seconds, "examples": examples,
-                    "max_process_rss_mb": round(max_rss, 1)}))
+  print(json.dumps({"seconds": seconds, "examples": examples}))
 
 
 def _pipeline_throughput(dataset_dir: str, num_workers: int) -> dict:
@@ -189,10 +186,12 @@ def _pipeline_throughput(dataset_dir: str, num_workers: int) -> dict:
       process_count=1, num_workers=num_workers)
   for _ in range(10):  # Warm-up (and worker start-up).
     next(iterator)
-  start = time.time()
-  for _ in range(_PIPELINE_BATCHES.value):
-    next(iterator)
-  seconds = time.time() - start
+  seconds = float("inf")
+  for _ in range(_REPEATS.value):
+    start = time.time()
+    for _ in range(_PIPELINE_BATCHES.value):
+      next(iterator)
+    seconds = min(seconds, time.time() - start)
   return {"bench": "pipeline", "batch_size": _BATCH_SIZE.value,
           "seq_len": _MAX_SEQ_LENGTH.value, "num_workers": num_workers,
           "batches_per_s": round(_PIPELINE_BATCHES.value / seconds, 1),
@@ -208,39 +207,49 @@ def main(argv):
   corpora = _make_corpora()
   results = []
   last_dataset = None
-  runs = [("bert_jax", d) for d in sorted(int(x) for x in _DUPE_FACTORS.value)]
+  workers = _NUM_WORKERS.value if _NUM_WORKERS.value >= 0 else os.cpu_count()
+  # (writer, dupe_factor, workers): the pool, the same in one process, TFDS's own writer.
+  runs = [("bert_jax", d, workers) for d in sorted(int(x) for x in _DUPE_FACTORS.value)]
+  runs.append(("bert_jax", 1, 0))
   if _COMPARE_TFDS_WRITER.value:
-    runs.append(("tfds_writer", 1))
-  for writer, dupe in runs:
+    runs.append(("tfds_writer", 1, 0))
+  for writer, dupe, num_workers in runs:
     for size, path in corpora.items():
-      output = os.path.join(_WORK_DIR.value, f"out_{writer}_{size:g}mb_dupe{dupe}")
-      shutil.rmtree(output, ignore_errors=True)
+      output = os.path.join(_WORK_DIR.value, f"out_{writer}_{size:g}mb_dupe{dupe}_w{num_workers}")
       mode = "child_prepare" if writer == "bert_jax" else "child_tfds"
-      result = _run_child([f"--mode={mode}", f"--corpus={path}", f"--output={output}",
-                           f"--dupe={dupe}", f"--work_dir={_WORK_DIR.value}",
-                           f"--max_seq_length={_MAX_SEQ_LENGTH.value}",
-                           f"--num_workers={_NUM_WORKERS.value}"])
+      repeats = []
+      for _ in range(_REPEATS.value):
+        shutil.rmtree(output, ignore_errors=True)
+        repeats.append(_run_child([
+            f"--mode={mode}", f"--corpus={path}", f"--output={output}", f"--dupe={dupe}",
+            f"--work_dir={_WORK_DIR.value}", f"--max_seq_length={_MAX_SEQ_LENGTH.value}",
+            f"--num_workers={num_workers}"]))
+      result = min(repeats, key=lambda r: r["seconds"])
+      for key in ("peak_tree_rss_mb", "peak_process_rss_mb"):
+        result[key] = max(r[key] for r in repeats)
       mb = os.path.getsize(path) / 1e6
       result.update({
-          "bench": "prepare", "writer": writer, "corpus_mb": round(mb, 2), "dupe_factor": dupe,
-          "seq_len": _MAX_SEQ_LENGTH.value, "seconds": round(result["seconds"], 2),
-          "mb_per_s": round(mb / result["seconds"], 2),
-          "mb_per_s_per_pass": round(mb * dupe / result["seconds"], 2)})
+          "bench": "prepare", "writer": writer, "workers": num_workers,
+          "corpus_mb": round(mb, 2), "dupe_factor": dupe, "seq_len": _MAX_SEQ_LENGTH.value,
+          "seconds": round(result["seconds"], 2), "mb_per_s": round(mb / result["seconds"], 2),
+          "mb_per_s_per_pass": round(mb * dupe / result["seconds"], 2),
+          "load_avg_1m": os.getloadavg()[0]})
       results.append(result)
-      if writer == "bert_jax" and dupe == 1:
+      if writer == "bert_jax" and dupe == 1 and num_workers:
         last_dataset = output
       else:
         shutil.rmtree(output, ignore_errors=True)
   for num_workers in (0, 2):
     results.append(_pipeline_throughput(last_dataset, num_workers))
 
-  print(f"\n{'writer':<12}{'MB':>7}{'dupe':>6}{'examples':>10}{'s':>8}{'MB/s':>8}"
-        f"{'MB/s/pass':>11}{'tree RSS MB':>13}{'max proc MB':>13}")
+  print(f"\n{'writer':<12}{'workers':>8}{'MB':>7}{'dupe':>6}{'examples':>10}{'s':>8}"
+        f"{'MB/s':>8}{'MB/s/pass':>11}{'tree RSS MB':>13}{'max proc MB':>13}{'load':>6}")
   for r in results:
     if r["bench"] == "prepare":
-      print(f"{r['writer']:<12}{r['corpus_mb']:>7.1f}{r['dupe_factor']:>6}{r['examples']:>10}"
-            f"{r['seconds']:>8.2f}{r['mb_per_s']:>8.2f}{r['mb_per_s_per_pass']:>11.2f}"
-            f"{r['peak_tree_rss_mb']:>13.1f}{r['max_process_rss_mb']:>13.1f}")
+      print(f"{r['writer']:<12}{r['workers']:>8}{r['corpus_mb']:>7.1f}{r['dupe_factor']:>6}"
+            f"{r['examples']:>10}{r['seconds']:>8.2f}{r['mb_per_s']:>8.2f}"
+            f"{r['mb_per_s_per_pass']:>11.2f}{r['peak_tree_rss_mb']:>13.1f}"
+            f"{r['peak_process_rss_mb']:>13.1f}{r['load_avg_1m']:>6.1f}")
   for r in results:
     if r["bench"] == "pipeline":
       print(f"pipeline B={r['batch_size']} L={r['seq_len']} workers={r['num_workers']}: "

@@ -2,8 +2,8 @@
 
 Run (one of --input, --tfds_name, --builtin):
   python launch/prepare_data.py --input='corpus/*.txt' --output_dir=data/wiki --vocab_size=30522
-  python launch/prepare_data.py --input=books.txt --input_format=paragraphs --output_dir=data/books \
-      --vocab=uncased_L-12_H-768_A-12/vocab.txt
+  python launch/prepare_data.py --input=books.txt --input_format=paragraphs \
+      --output_dir=data/books --vocab=uncased_L-12_H-768_A-12/vocab.txt
   python launch/prepare_data.py --tfds_name=wikipedia/20230601.en --output_dir=data/wiki
   python launch/prepare_data.py --builtin --output_dir=data/builtin --vocab_size=8192
 

@@ -1,4 +1,4 @@
-"""NSP example construction: layout, statistics, faithfulness to create_pretraining_data, records."""
+"""NSP example construction: layout, statistics, faithfulness to the original, records."""
 
 import collections
 import random

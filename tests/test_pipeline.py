@@ -301,18 +301,32 @@ def test_prepare_builtin_is_cached(tmp_path):
 
 def test_launcher_subprocess(tmp_path):
   text = write_corpus(str(tmp_path / "corpus.txt"), 60, seed=1)
+  with open(text, "ab") as f:
+    f.write(b"Bad bytes \xff\xfe in a sentence.\nAnd one more sentence here.\n")
   script = os.path.join(ROOT, "launch", "prepare_data.py")
+
+  def launch(*flags):
+    return subprocess.run([sys.executable, script, *flags], capture_output=True, text=True,
+                          timeout=120)
+
   output_dir = str(tmp_path / "dataset")
-  done = subprocess.run(
-      [sys.executable, script, f"--input={text}", f"--output_dir={output_dir}",
-       "--vocab_size=300", "--vocab_model_type=bpe", "--max_seq_length=32", "--dupe_factor=1",
-       "--num_workers=1"], capture_output=True, text=True, timeout=120)
+  done = launch(f"--input={text}", f"--output_dir={output_dir}", "--vocab_size=300",
+                "--vocab_model_type=bpe", "--max_seq_length=32", "--dupe_factor=1",
+                "--num_workers=1")
   assert done.returncode == 0, done.stderr[-3000:]
+  assert "not valid UTF-8" in done.stderr  # Counted and warned, not fatal.
   meta = prepare.load_meta(output_dir)
   assert meta["vocab_size"] == 300 and meta["num_examples"]["train"] > 50
+  assert meta["corpus_stats"]["invalid_bytes"] == 2
   assert next(train_iterator(output_dir))["input_ids"].shape == (8, 32)
-  missing = subprocess.run(
-      [sys.executable, script, f"--input={tmp_path / 'nope.txt'}",
-       f"--output_dir={tmp_path / 'other'}"], capture_output=True, text=True, timeout=120)
+
+  other = str(tmp_path / "other")
+  missing = launch(f"--input={tmp_path / 'nope.txt'}", f"--output_dir={other}")
   assert missing.returncode == 1 and "nope.txt" in missing.stderr
-  assert not os.path.exists(tmp_path / "other")
+  too_large = launch(f"--input={text}", f"--output_dir={other}", "--vocab_size=50000")
+  assert too_large.returncode == 1 and "--vocab_size" in too_large.stderr
+  exists = launch(f"--input={text}", f"--output_dir={output_dir}")
+  assert exists.returncode == 1 and "--output_dir" in exists.stderr
+  no_source = launch(f"--output_dir={other}")
+  assert no_source.returncode == 1 and "--input, --tfds_name or --builtin" in no_source.stderr
+  assert not os.path.exists(other)
