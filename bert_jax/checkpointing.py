@@ -55,9 +55,9 @@ class Checkpointer:
 
   def __init__(self, directory: str, checkpoint_config):
     self.directory = os.path.abspath(directory)
+    self.save_every_steps = checkpoint_config.save_every_steps
     options = ocp.CheckpointManagerOptions(
         max_to_keep=checkpoint_config.max_to_keep,
-        save_interval_steps=checkpoint_config.save_every_steps,
         enable_async_checkpointing=checkpoint_config.async_save,
         create=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options,
@@ -67,15 +67,15 @@ class Checkpointer:
     return self.manager.latest_step()
 
   def should_save(self, step: int) -> bool:
-    return self.manager.should_save(step)
+    """Every `save_every_steps` steps (orbax's own policy would also save the first step)."""
+    return self.save_every_steps > 0 and step % self.save_every_steps == 0
 
-  def save(self, step: int, state, data_state: bytes, meta: dict[str, Any],
-           force: bool = False) -> bool:
+  def save(self, step: int, state, data_state: bytes, meta: dict[str, Any]) -> bool:
     args = ocp.args.Composite(
         state=ocp.args.StandardSave(state),
         data=grain.checkpoint.CheckpointSave(_IteratorStateItem(data_state)),
         meta=ocp.args.JsonSave(meta))
-    return self.manager.save(step, args=args, force=force)
+    return self.manager.save(step, args=args, force=True)
 
   def read_meta(self, step: int) -> dict[str, Any]:
     return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]

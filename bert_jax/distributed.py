@@ -19,6 +19,8 @@ def define_flags() -> None:
   flags.DEFINE_bool("distributed", False, "Call jax.distributed.initialize() with cluster "
                     "auto-detection (TPU pod slices, SLURM, Open MPI).")
   flags.DEFINE_integer("initialization_timeout", 300, "Seconds to wait for all processes to join.")
+  flags.DEFINE_integer("heartbeat_timeout", 100, "Seconds without a heartbeat after which a "
+                       "process is declared dead and every other process stops with an error.")
 
 
 def initialize_from_flags() -> None:
@@ -33,9 +35,11 @@ def initialize_from_flags() -> None:
     jax.distributed.initialize(
         coordinator_address=values[_COORDINATOR].value,
         num_processes=values[_NUM_PROCESSES].value, process_id=values[_PROCESS_ID].value,
-        initialization_timeout=values.initialization_timeout)
+        initialization_timeout=values.initialization_timeout,
+        heartbeat_timeout_seconds=values.heartbeat_timeout)
   elif values.distributed:
-    jax.distributed.initialize(initialization_timeout=values.initialization_timeout)
+    jax.distributed.initialize(initialization_timeout=values.initialization_timeout,
+                               heartbeat_timeout_seconds=values.heartbeat_timeout)
   else:
     return
   logging.info("Process %d of %d, %d local / %d global devices (pid %d)", jax.process_index(),

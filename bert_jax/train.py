@@ -49,31 +49,19 @@ class DataSpec:
 
 
 def resolve_data(config, workdir: str) -> DataSpec:
-  """Prepares (builtin, process 0 only) or locates the dataset and checks it fits the model."""
-  source = config.data.source
-  if source == "synthetic":
+  """Prepares (builtin: process 0, once, cached in the workdir) or locates the dataset, and
+  checks that it fits the model."""
+  if config.data.source == "synthetic":
     specials = _SYNTHETIC_SPECIALS
-    return DataSpec(source, None, config.model.vocab_size, specials["mask_id"],
+    return DataSpec("synthetic", None, config.model.vocab_size, specials["mask_id"],
                     tuple(sorted(specials.values())), None)
-  if source == "builtin":
-    # Process 0 prepares (once: the result is cached in the workdir); the others then find it.
-    cache_dir = os.path.join(workdir, "data")
-    if jax.process_index() == 0:
-      pipeline.prepare_builtin(cache_dir, config)
-    multihost_utils.sync_global_devices("bert_jax: builtin data prepared")
-    dataset_dir = pipeline.prepare_builtin(cache_dir, config)
-  elif source == "prepared":
-    if not config.data.dataset_dir:
-      raise ValueError("config.data.source='prepared' needs --config.data.dataset_dir=DIR "
-                       "(written by launch/prepare_data.py)")
-    dataset_dir = config.data.dataset_dir
-  else:
-    raise ValueError(f"config.data.source={source!r}: use 'builtin', 'prepared' or 'synthetic'")
-  meta = pipeline.load_meta(dataset_dir)
-  pipeline.check_dataset_matches(meta, config.model.vocab_size, config.data.max_seq_length)
-  specials = meta["special_ids"]
-  return DataSpec(source, dataset_dir, meta["vocab_size"], specials["mask_id"],
-                  tuple(sorted(set(specials.values()))), os.path.join(dataset_dir, "vocab"))
+  if config.data.source == "builtin" and jax.process_index() == 0:
+    pipeline.resolve_dataset(config, workdir)
+  multihost_utils.sync_global_devices("bert_jax: dataset ready")
+  dataset_dir, meta = pipeline.resolve_dataset(config, workdir)
+  return DataSpec(config.data.source, dataset_dir, meta["vocab_size"], meta["mask_id"],
+                  tuple(sorted(set(meta["special_ids"]))),
+                  os.path.join(dataset_dir, meta["vocab_dir"]))
 
 
 def _train_iterator(config, data: DataSpec):
@@ -81,7 +69,9 @@ def _train_iterator(config, data: DataSpec):
                 process_index=jax.process_index(), process_count=jax.process_count())
   if data.dataset_dir is None:
     return pipeline.make_synthetic_iterator(
-        seq_len=config.data.max_seq_length, vocab_size=data.vocab_size, **common)
+        seq_len=config.data.max_seq_length, vocab_size=data.vocab_size,
+        pad_id=_SYNTHETIC_SPECIALS["pad_id"], cls_id=_SYNTHETIC_SPECIALS["cls_id"],
+        sep_id=_SYNTHETIC_SPECIALS["sep_id"], special_ids=data.special_ids, **common)
   return pipeline.make_train_iterator(data.dataset_dir, num_workers=config.data.num_workers,
                                       **common)
 
@@ -229,6 +219,14 @@ def jit_train_step(config, model, optimizer, masking_config, state_shardings):
 def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   """Trains `config` in `workdir`, resuming from its latest checkpoint. Returns final metrics."""
   _validate(config)
+  preemption = _PreemptionFlag()  # From the start: a SIGTERM during setup stops at step 1.
+  try:
+    return _train_and_evaluate(config, workdir, preemption)
+  finally:
+    preemption.restore()
+
+
+def _train_and_evaluate(config, workdir: str, preemption: "_PreemptionFlag") -> dict[str, Any]:
   model_config = BertConfig.from_config(config.model)
   mesh = sharding.make_mesh(config.mesh)
   sharding.batch_size_per_shard(config.train.batch_size // config.train.grad_accum_steps, mesh)
@@ -284,9 +282,9 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
 
     eval_fn = jax.jit(functools.partial(steps.eval_step, model=model,
                                         masking_config=masking_config))
-    result = _loop(config, workdir, state, compiled, step_key, train_iter, checkpointer,
-                   writer, mesh, data, model_config, eval_fn, tokens_per_step,
-                   flops_per_step, peak)
+    result = _loop(config, state, compiled, step_key, train_iter, checkpointer, writer, mesh,
+                   data, model_config, eval_fn, tokens_per_step, flops_per_step, peak,
+                   preemption)
   writer.close()
   checkpointer.close()
   return result
@@ -305,13 +303,13 @@ def _prefetched(train_iter, mesh, depth: int) -> Iterator[tuple[dict, bytes]]:
     yield queue.popleft()
 
 
-def _loop(config, workdir, state, compiled, step_key, train_iter, checkpointer, writer, mesh,
-          data, model_config, eval_fn, tokens_per_step, flops_per_step, peak) -> dict[str, Any]:
+def _loop(config, state, compiled, step_key, train_iter, checkpointer, writer, mesh, data,
+          model_config, eval_fn, tokens_per_step, flops_per_step, peak,
+          preemption) -> dict[str, Any]:
   total = config.train.num_train_steps
   step = int(jax.device_get(state.step))
   meta = _meta(config, model_config, data)
   batches = _prefetched(train_iter, mesh, config.data.prefetch)
-  preemption = _PreemptionFlag()
   sums, pending = _MetricSums(), []
   result: dict[str, Any] = {"start_step": step}
   interval_start, interval_steps = time.time(), 0
@@ -343,7 +341,7 @@ def _loop(config, workdir, state, compiled, step_key, train_iter, checkpointer, 
         result["train"] = report
         interval_start, interval_steps = time.time(), 0
       if save_now:
-        checkpointer.save(step, state, data_state, meta, force=step == total or stop)
+        checkpointer.save(step, state, data_state, meta)
       if stop:
         checkpointer.wait_until_finished()
         writer.log(f"Preempted: saved step {step} and stopping")
@@ -359,7 +357,6 @@ def _loop(config, workdir, state, compiled, step_key, train_iter, checkpointer, 
         result["validation"] = report
         interval_start = time.time()  # Keep eval time out of tokens/s.
   finally:
-    preemption.restore()
     checkpointer.wait_until_finished()
   result["step"] = step
   return result

@@ -1,0 +1,198 @@
+"""The real launcher as a subprocess: checkpoints, metrics, resume (bit-exact after SIGKILL and
+SIGTERM), and clear errors on bad input before any device work."""
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+# A very small model on a small slice of the built-in corpus.
+TINY = [
+    "--config=configs/tiny.py",
+    "--config.model.vocab_size=1000", "--config.model.hidden_size=32",
+    "--config.model.num_hidden_layers=1", "--config.model.num_attention_heads=2",
+    "--config.model.intermediate_size=64", "--config.model.max_position_embeddings=64",
+    "--config.data.max_seq_length=64", "--config.data.builtin_max_mb=0.3",
+    "--config.data.dupe_factor=1", "--config.data.validation_fraction=0.05",
+    "--config.masking.max_predictions_per_seq=10",
+    "--config.train.batch_size=16", "--config.train.eval_batch_size=32",
+    "--config.train.warmup_steps=2", "--config.train.log_every_steps=1",
+    "--config.train.eval_every_steps=0", "--config.checkpoint.save_every_steps=4",
+    "--config.logging.tensorboard=false",
+]
+
+
+def _env():
+  env = dict(os.environ)
+  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  env["JAX_PLATFORMS"] = "cpu"
+  return env
+
+
+def _launch(workdir, *flags, wait=True, timeout=300):
+  command = [sys.executable, os.path.join(ROOT, "launch/train.py"), f"--workdir={workdir}",
+             *TINY, *flags]
+  if not wait:
+    return subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+  return subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                        timeout=timeout)
+
+
+def _train_losses(workdir) -> dict[int, float]:
+  """step -> loss of the last record logged for that step (a resumed run overwrites)."""
+  losses = {}
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    for line in f:
+      record = json.loads(line)
+      if record["split"] == "train":
+        losses[record["step"]] = record["loss"]
+  return losses
+
+
+def _checkpoint_steps(workdir) -> list[int]:
+  directory = os.path.join(workdir, "checkpoints")
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+
+
+@pytest.fixture(scope="module")
+def prepared(tmp_path_factory):
+  """One uninterrupted 12-step reference run; its prepared data is reused by the others."""
+  workdir = str(tmp_path_factory.mktemp("reference"))
+  result = _launch(workdir, "--config.train.num_train_steps=12",
+                   "--config.train.eval_every_steps=12")
+  assert result.returncode == 0, result.stdout + result.stderr
+  return workdir, result.stdout + result.stderr
+
+
+def _fresh_workdir(tmp_path, prepared_workdir):
+  """A new workdir that shares the reference run's prepared data (prepared once per session)."""
+  workdir = str(tmp_path / "run")
+  shutil.copytree(os.path.join(prepared_workdir, "data"), os.path.join(workdir, "data"))
+  return workdir
+
+
+def test_launcher_trains_writes_checkpoints_and_metrics_then_resumes(prepared, tmp_path):
+  workdir, output = prepared
+  assert "Compiled train step, per device" in output and "FLOPs per step" in output
+  assert _checkpoint_steps(workdir) == [4, 8, 12]
+  records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  train_records = [r for r in records if r["split"] == "train"]
+  assert [r["step"] for r in train_records] == list(range(1, 13))
+  for key in ("mlm_loss", "mlm_accuracy", "nsp_loss", "nsp_accuracy", "learning_rate",
+              "grad_norm", "tokens_per_sec", "mfu"):
+    assert key in train_records[0]
+  validation = [r for r in records if r["split"] == "validation"]
+  assert len(validation) == 1 and validation[0]["examples"] > 0
+
+  # A second start in the same workdir resumes from step 12 and trains on to 14.
+  again = _launch(workdir, "--config.train.num_train_steps=14")
+  assert again.returncode == 0, again.stdout + again.stderr
+  assert "Resumed from" in again.stdout
+  assert _checkpoint_steps(workdir) == [8, 12, 14]  # max_to_keep=3
+
+
+def _read_until(process, marker, timeout=240) -> str:
+  """Reads the child's output until a line contains `marker`; returns what was read."""
+  lines, deadline = [], time.time() + timeout
+  for line in process.stdout:
+    lines.append(line)
+    if marker in line or time.time() > deadline:
+      break
+  return "".join(lines)
+
+
+def test_resume_after_sigkill_is_bit_identical(prepared, tmp_path):
+  reference = _train_losses(prepared[0])
+  workdir = _fresh_workdir(tmp_path, prepared[0])
+  # The same config as the reference, killed hard while logging step 10: after the step-4
+  # checkpoint (complete once the step-8 save has begun) and before the end.
+  process = _launch(workdir, "--config.train.num_train_steps=12", wait=False)
+  output = _read_until(process, "step 10/12")
+  process.send_signal(signal.SIGKILL)
+  process.wait()
+  assert "step 10/12" in output, output
+  assert _checkpoint_steps(workdir)[-1] in (4, 8), _checkpoint_steps(workdir)
+  assert 12 not in _checkpoint_steps(workdir)
+  result = _launch(workdir, "--config.train.num_train_steps=12")
+  assert result.returncode == 0, result.stdout + result.stderr
+  resumed_from = int(result.stdout.split("Resumed from ")[1].split()[0].rsplit("/", 1)[1])
+  resumed = _train_losses(workdir)
+  steps_after = list(range(resumed_from + 1, 13))
+  assert [resumed[s] for s in steps_after] == [reference[s] for s in steps_after]
+
+
+def test_sigterm_saves_exits_zero_and_resumes_identically(prepared, tmp_path):
+  reference = _train_losses(prepared[0])
+  workdir = _fresh_workdir(tmp_path, prepared[0])
+  process = _launch(workdir, "--config.train.num_train_steps=12",
+                    "--config.checkpoint.save_every_steps=100", wait=False)
+  # SIGTERM as the loop starts: it must finish the step under way, save it and exit 0.
+  output = _read_until(process, "Compiled the train step")
+  process.send_signal(signal.SIGTERM)
+  rest, _ = process.communicate(timeout=120)
+  output += rest
+  assert process.returncode == 0, output
+  assert "Preempted: saved step" in output
+  stopped_at = int(output.split("Preempted: saved step ")[1].split()[0])
+  assert stopped_at < 12
+  assert _checkpoint_steps(workdir) == [stopped_at]
+  result = _launch(workdir, "--config.train.num_train_steps=12",
+                   "--config.checkpoint.save_every_steps=100")
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert f"Resumed from {workdir}/checkpoints/{stopped_at}" in result.stdout
+  resumed = _train_losses(workdir)
+  assert [resumed[s] for s in range(1, 13)] == [reference[s] for s in range(1, 13)]
+
+
+def test_non_finite_loss_stops_without_writing_that_checkpoint(prepared, tmp_path):
+  workdir = _fresh_workdir(tmp_path, prepared[0])
+  result = _launch(workdir, "--config.train.num_train_steps=12", "--config.train.warmup_steps=0",
+                   "--config.train.learning_rate=1e38", "--config.train.max_grad_norm=0")
+  assert result.returncode != 0
+  assert "Non-finite loss" in result.stdout + result.stderr
+  bad_step = int((result.stdout + result.stderr).split("Non-finite loss")[1].split("at step ")[1]
+                 .split(";")[0])
+  assert all(step < bad_step for step in _checkpoint_steps(workdir))
+
+
+def _prepared_dataset_dir(workdir):
+  data = os.path.join(workdir, "data")
+  (name,) = [n for n in os.listdir(data) if n.startswith("builtin-")]
+  return os.path.join(data, name)
+
+
+@pytest.mark.parametrize("flags, message", [
+    (["--config.train.lerning_rate=0.1"], "lerning_rate"),
+    (["--config.train.batch_size=12"], "batch_size=12 is not divisible by the data x fsdp"),
+    (["--config.model.vocab_size=999", "--config.data.source=prepared"],
+     "vocabulary has 1000 tokens but config.model.vocab_size=999"),
+    (["--config.data.source=prepared", "--config.data.dataset_dir=/nonexistent/data"],
+     "/nonexistent/data"),
+])
+def test_bad_input_fails_clearly_before_training(prepared, tmp_path, flags, message):
+  workdir = _fresh_workdir(tmp_path, prepared[0])
+  if "--config.data.source=prepared" in flags and not any("dataset_dir" in f for f in flags):
+    flags = [*flags, f"--config.data.dataset_dir={_prepared_dataset_dir(workdir)}"]
+  result = _launch(workdir, "--config.train.num_train_steps=2", *flags)
+  assert result.returncode != 0
+  assert message in result.stdout + result.stderr
+  assert "Compiled the train step" not in result.stdout
+  assert not _checkpoint_steps(workdir)
+
+
+def test_checkpoint_of_another_model_shape_is_refused(prepared, tmp_path):
+  workdir = prepared[0]
+  result = _launch(workdir, "--config.train.num_train_steps=20",
+                   "--config.model.intermediate_size=96")
+  assert result.returncode != 0
+  assert "intermediate_size: checkpoint 64 vs config 96" in result.stdout + result.stderr
