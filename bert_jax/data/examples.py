@@ -19,7 +19,7 @@ corpus size:
 As in the original, a chunk of a single sentence always gets a random B, so the random-next share
 is 50% only for long documents: short documents, or a short target drawn for a document (which
 makes every chunk one sentence), push it up (~55% for documents of 60-90 sentences with
-short_seq_prob=0.1, ~63% on the docstring corpus). `BlockStats.random_next` reports it.
+short_seq_prob=0.1, ~61% on the docstring corpus). `BlockStats.random_next` reports it.
 
 This module is imported by the preparation worker processes: it stays free of TFDS / JAX.
 """

@@ -130,8 +130,8 @@ def make_train_iterator(
 
   Save the state with `grain.checkpoint.CheckpointSave(iterator)` in an orbax checkpoint and
   restore with `grain.checkpoint.CheckpointRestore(iterator)` on a freshly made iterator.
-  `num_workers` > 0 reads in that many grain worker processes (the caller needs a `__main__`
-  guard and, with absl, parsed flags).
+  `num_workers` > 0 reads in that many grain worker processes (spawned: the calling script
+  needs a `__main__` guard); the batches are the same for any `num_workers`.
   """
   batch_size = per_host_batch_size(global_batch_size, process_count)
   if not 0 <= process_index < process_count:
