@@ -240,6 +240,9 @@ def _train_and_evaluate(config, workdir: str, preemption: "_PreemptionFlag") -> 
     checkpointing.check_compatible(checkpointer.read_meta(latest),
                                    dataclasses.asdict(model_config), checkpointer.directory)
 
+  initial_params = None
+  if latest is None and config.checkpoint.init_from:
+    initial_params = _read_initial_params(config, model_config, data)
   model = BertForPreTraining(model_config)
   optimizer = optimizer_lib.make_optimizer(config.train)
   masking_config = MaskingConfig.from_config(
@@ -252,6 +255,10 @@ def _train_and_evaluate(config, workdir: str, preemption: "_PreemptionFlag") -> 
     data_state = None
     if latest is None:
       state = init_sharded_state(config, model, optimizer, state_shardings, init_key)
+      if initial_params is not None:
+        state = _with_initial_params(state, initial_params[0], state_shardings)
+        writer.log(f"Initialised from {config.checkpoint.init_from}" + (
+            f" (fresh {', '.join(initial_params[1])})" if initial_params[1] else ""))
     else:
       target = jax.tree.map(
           lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
@@ -288,6 +295,30 @@ def _train_and_evaluate(config, workdir: str, preemption: "_PreemptionFlag") -> 
   writer.close()
   checkpointer.close()
   return result
+
+
+def _read_initial_params(config, model_config: BertConfig, data: DataSpec) -> tuple[dict, list]:
+  """Pretrained params for continued pretraining (host numpy), checked against the model and
+  the data's vocabulary. -> (params, names of the heads the source lacks)."""
+  from bert_jax import pretrained  # Imports HF/TF readers only when needed.
+  source = config.checkpoint.init_from
+  loaded_config, params, _ = pretrained.load_pretrained(source)
+  checkpointing.check_compatible({"model_config": dataclasses.asdict(loaded_config)},
+                                 dataclasses.asdict(model_config), source)
+  if loaded_config.vocab_size != data.vocab_size:
+    raise ValueError(f"{source} has a vocabulary of {loaded_config.vocab_size} tokens, the data "
+                     f"{data.vocab_size}; prepare the data with the checkpoint's vocabulary")
+  missing = [head for head, present in pretrained.heads_present(params).items() if not present]
+  return params, missing
+
+
+def _with_initial_params(state, initial_params: dict, state_shardings) -> steps.TrainState:
+  """The freshly initialised state with the pretrained params in place; heads the source lacks
+  keep their fresh initialisation."""
+  from bert_jax import pretrained
+  params = pretrained.fill_missing_heads(initial_params, jax.device_get(state.params))
+  params = jax.tree.map(lambda x, ref: np.asarray(x, ref.dtype), params, state.params)
+  return state.replace(params=jax.device_put(params, state_shardings.params))
 
 
 def _prefetched(train_iter, mesh, depth: int) -> Iterator[tuple[dict, bytes]]:

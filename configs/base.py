@@ -95,6 +95,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.checkpoint.save_every_steps = 10_000  # Checkpoint interval in steps.
   config.checkpoint.max_to_keep = 3  # Keep the newest N checkpoints.
   config.checkpoint.async_save = True  # Write checkpoints in a background thread.
+  # Weights to start from when the workdir has no checkpoint yet (continued pretraining): a
+  # bert_jax pretrained dir, a training workdir, a HuggingFace dir or a TF checkpoint ("" = none).
+  config.checkpoint.init_from = ""
 
   # ---------------------------------------------------------------- logging
   config.logging = ml_collections.ConfigDict()

@@ -128,15 +128,14 @@ def test_hosts_disjoint_cover_and_match_one_host(prepared):
   single = take(train_iterator(dataset_dir), num_batches)
   hosts = [take(train_iterator(dataset_dir, process_index=p, process_count=2), num_batches)
            for p in range(2)]
-  for k in range(num_batches):  # Host p holds global positions p, p + 2, ... of each batch.
-    assert rows(hosts[0][k]) == rows(single[k])[0::2]
-    assert rows(hosts[1][k]) == rows(single[k])[1::2]
+  for k in range(num_batches):  # Host p holds rows [4p, 4p + 4) of each global batch of 8.
+    assert rows(hosts[0][k]) == rows(single[k])[:4]
+    assert rows(hosts[1][k]) == rows(single[k])[4:]
   # The first len(train) global positions are one epoch: each example exactly once.
   stream = [r for batch in single for r in rows(batch)]
   assert collections.Counter(stream[:n]) == collections.Counter(everything)
-  host_streams = [[r for batch in h for r in rows(batch)] for h in hosts]
-  firsts = host_streams[0][:(n + 1) // 2] + host_streams[1][:n // 2]
-  assert collections.Counter(firsts) == collections.Counter(everything)
+  stitched = [r for k in range(num_batches) for h in hosts for r in rows(h[k])]
+  assert stitched == stream
   # The second epoch is shuffled differently.
   assert stream[n:2 * n - 8] != stream[:n - 8]
 
@@ -232,7 +231,11 @@ def test_synthetic_iterator():
   restored = make()
   restored.set_state(state)
   assert_batches_equal(take(restored, 2), expected)
-  assert rows(next(make(process_index=1))) != rows(batch)
+  other_host = next(make(process_index=1))
+  assert rows(other_host) != rows(batch)
+  whole = next(make(process_count=1))  # Hosts' rows stitched = the one-host global batch.
+  for name in batch:
+    np.testing.assert_array_equal(np.concatenate([batch[name], other_host[name]]), whole[name])
 
 
 def test_dataset_mismatch_and_batch_errors(prepared):

@@ -196,3 +196,14 @@ def test_checkpoint_of_another_model_shape_is_refused(prepared, tmp_path):
                    "--config.model.intermediate_size=96")
   assert result.returncode != 0
   assert "intermediate_size: checkpoint 64 vs config 96" in result.stdout + result.stderr
+
+
+def test_continued_pretraining_starts_from_given_weights(prepared, tmp_path):
+  reference = _train_losses(prepared[0])
+  workdir = _fresh_workdir(tmp_path, prepared[0])
+  result = _launch(workdir, "--config.train.num_train_steps=2",
+                   f"--config.checkpoint.init_from={prepared[0]}")
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert f"Initialised from {prepared[0]}" in result.stdout
+  # Same first batch and masks as the reference run, but trained weights: a lower loss.
+  assert _train_losses(workdir)[1] < reference[1] - 0.05

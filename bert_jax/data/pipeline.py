@@ -5,9 +5,11 @@ Every batch is a dict of numpy arrays, the per-host slice of the global batch (W
 `next_sentence_label` int32 [B]; eval batches add `example_weight` float32 [B].
 
 Train order: the whole split is shuffled with the seed, epoch after epoch (each epoch reshuffled),
-and the resulting global stream is dealt round-robin to the hosts (host p takes positions p,
-p + P, p + 2P, ...). So the hosts' shards are disjoint and together cover the data, and global
-batch k holds the same examples whatever the number of hosts.
+and cut into global batches; host p of P reads rows [p * B/P, (p + 1) * B/P) of each global batch.
+So the hosts' shards are disjoint and together cover the data, and once the hosts' rows are
+stitched in process order (`jax.make_array_from_process_local_data`), global batch k is the same
+array, row for row, whatever the number of hosts: the masks drawn for each row, and so the
+losses, do not depend on the host count.
 """
 
 import math
@@ -97,6 +99,16 @@ def decode_records(records: Sequence[bytes]) -> Batch:
   return batch
 
 
+class HostRows(grain.transforms.Map):
+  """Global batch of record indices [B] -> this host's contiguous rows [B / P]."""
+
+  def __init__(self, process_index: int, rows_per_host: int):
+    self._start, self._stop = process_index * rows_per_host, (process_index + 1) * rows_per_host
+
+  def map(self, indices: np.ndarray) -> np.ndarray:
+    return indices[self._start:self._stop]
+
+
 class ReadBatch(grain.transforms.Map):
   """Batch of record indices [B] -> decoded batch (reads the records in one call)."""
 
@@ -137,10 +149,11 @@ def make_train_iterator(
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index={process_index} not in [0, {process_count}).")
   source = _split_source(dataset_dir, examples_lib.TRAIN)
-  # Shuffle, deal and batch record indices; records are read a batch at a time.
+  # Shuffle and batch record indices globally, keep this host's rows; records are read (only
+  # this host's) a batch at a time.
   dataset = grain.MapDataset.range(len(source)).shuffle(seed=seed).repeat(None)
-  dataset = dataset[process_index::process_count]
-  dataset = dataset.batch(batch_size, drop_remainder=True).map(ReadBatch(source))
+  dataset = dataset.batch(global_batch_size, drop_remainder=True)
+  dataset = dataset.map(HostRows(process_index, batch_size)).map(ReadBatch(source))
   iter_dataset = dataset.to_iter_dataset(grain.ReadOptions(
       num_threads=_READ_THREADS, prefetch_buffer_size=_READ_BUFFER))
   if num_workers > 0:
@@ -208,12 +221,12 @@ def make_eval_batches(
 class SyntheticBatch(grain.transforms.Map):
   """Step k -> a random [CLS] A [SEP] B [SEP] batch with the real batch contract.
 
-  Batch k depends only on (seed, k, process_index).
+  Global batch k depends only on (seed, k); host p keeps rows [p * b, (p + 1) * b).
   """
 
   def __init__(self, *, batch_size: int, seq_len: int, vocab_size: int, pad_id: int,
                cls_id: int, sep_id: int, special_ids: Sequence[int], seed: int,
-               process_index: int):
+               process_index: int, process_count: int):
     if seq_len < 5:
       raise ValueError(f"seq_len={seq_len}: need at least 5 ([CLS] A [SEP] B [SEP]).")
     self.batch_size, self.seq_len = batch_size, seq_len
@@ -223,11 +236,12 @@ class SyntheticBatch(grain.transforms.Map):
     if not len(self._allowed):
       raise ValueError(f"vocab_size={vocab_size} leaves no non-special token.")
     self._seed, self._process_index = seed, process_index
+    self._global_batch_size = batch_size * process_count
 
   def map(self, step: int) -> Batch:
     pad_id, cls_id, sep_id = self._ids
-    b, length = self.batch_size, self.seq_len
-    rng = np.random.default_rng([self._seed, int(step), self._process_index])
+    b, length = self._global_batch_size, self.seq_len
+    rng = np.random.default_rng([self._seed, int(step)])
     num_real = rng.integers(max(5, length // 2), length + 1, size=(b, 1))  # [B, 1]
     len_a = rng.integers(1, num_real - 3)  # [B, 1]: B gets >= 1 token.
     pos = np.arange(length)[None, :]  # [1, L]
@@ -240,13 +254,15 @@ class SyntheticBatch(grain.transforms.Map):
     input_ids = np.where((pos == sep_a) | (pos == sep_b), sep_id, input_ids)
     word_starts = (rng.random((b, length)) < 0.7) | (pos == 1) | (pos == sep_a + 1)
     word_starts &= real & ~special  # [B, L]
-    return {
+    batch = {
         "input_ids": input_ids.astype(np.int32),
         "token_type_ids": ((pos > sep_a) & real).astype(np.int32),
         "attention_mask": real.astype(np.int32),
         "word_starts": word_starts.astype(np.int32),
         "next_sentence_label": rng.integers(0, 2, size=(b,)).astype(np.int32),
     }
+    rows = slice(self._process_index * self.batch_size, (self._process_index + 1) * self.batch_size)
+    return {name: value[rows] for name, value in batch.items()}
 
 
 def make_synthetic_iterator(
@@ -270,6 +286,7 @@ def make_synthetic_iterator(
   make_batch = SyntheticBatch(
       batch_size=per_host_batch_size(global_batch_size, process_count), seq_len=seq_len,
       vocab_size=vocab_size, pad_id=pad_id, cls_id=cls_id, sep_id=sep_id,
-      special_ids=special_ids, seed=seed, process_index=process_index)
+      special_ids=special_ids, seed=seed, process_index=process_index,
+      process_count=process_count)
   steps = grain.MapDataset.range(2**62).map(make_batch)
   return iter(steps.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))
