@@ -16,23 +16,20 @@ import os
 from typing import Any
 
 import grain
+import jax
 import orbax.checkpoint as ocp
+from absl import logging
 
 
 class _IteratorStateItem:
-  """Adapter for grain's orbax handler: carries a recorded iterator state (JSON bytes)."""
+  """Adapter for grain's orbax handler (one JSON file per process): carries the iterator state
+  recorded when the checkpointed step's batch was consumed."""
 
-  def __init__(self, state: bytes = b""):
+  def __init__(self, state: bytes):
     self.state = state
 
   def get_state(self) -> bytes:
     return self.state
-
-  def set_state(self, state: bytes) -> None:
-    self.state = state
-
-  def start_prefetch(self) -> None:  # Called by grain's handler after restore.
-    pass
 
 
 def encode_files(directory: str) -> dict[str, str]:
@@ -82,12 +79,31 @@ class Checkpointer:
 
   def restore(self, step: int, abstract_state) -> tuple[Any, bytes, dict[str, Any]]:
     """-> (state with the shardings of `abstract_state`, data-iterator state, meta)."""
-    item = _IteratorStateItem()
     restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state),
-        data=grain.checkpoint.CheckpointRestore(item),
-        meta=ocp.args.JsonRestore()))
-    return restored["state"], item.state, restored["meta"]
+        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+    return restored["state"], self._read_data_state(step), restored["meta"]
+
+  def _read_data_state(self, step: int) -> bytes:
+    """This process's iterator state. A checkpoint from another number of processes is
+    accepted when all its processes were at the same position: the pipeline's position counts
+    global batches, which mean the same examples for any process count."""
+    directory = os.path.join(self.directory, str(step), "data")
+    count, index = jax.process_count(), jax.process_index()
+    own = os.path.join(directory, f"process_{index}-of-{count}.json")
+    if os.path.exists(own):
+      return open(own, "rb").read()
+    files = sorted(f for f in os.listdir(directory) if f.startswith("process_"))
+    states = {open(os.path.join(directory, f), "rb").read() for f in files}
+    if len(states) != 1:
+      written_by = files[0].split("-of-")[1].split(".")[0] if files else "?"
+      raise ValueError(
+          f"{directory}: the data-iterator state was written by {written_by} processes at "
+          f"different positions, and this run has {count}; resume with {written_by} processes "
+          "(--num_processes), or start a new workdir from these weights with "
+          "--config.checkpoint.init_from")
+    logging.info("Data-iterator state of %s read from %s (another process count)", directory,
+                 files[0])
+    return states.pop()
 
   def wait_until_finished(self) -> None:
     self.manager.wait_until_finished()

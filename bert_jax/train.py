@@ -94,7 +94,11 @@ class _PreemptionFlag:
 
   def __init__(self):
     self.requested = False
-    self._previous = signal.signal(signal.SIGTERM, self._handle)
+    # With several processes, JAX's own SIGTERM handler (installed by jax.distributed) feeds
+    # the sync point; a Python handler would replace it.
+    self._previous = None
+    if jax.process_count() == 1:
+      self._previous = signal.signal(signal.SIGTERM, self._handle)
 
   def _handle(self, signum, frame):
     del signum, frame
@@ -106,7 +110,8 @@ class _PreemptionFlag:
     return self.requested
 
   def restore(self):
-    signal.signal(signal.SIGTERM, self._previous)
+    if self._previous is not None:
+      signal.signal(signal.SIGTERM, self._previous)
 
 
 class _MetricSums:

@@ -1,0 +1,133 @@
+"""Several processes on 127.0.0.1 (CPU collectives: gloo) run as one JAX multi-host job:
+same losses as one process, cooperative checkpoints, agreed preemption, resume with another
+process count, and a clear bounded-time failure when a peer dies."""
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import pytest
+
+from test_train_e2e import ROOT, TINY, _checkpoint_steps, _launch, _train_losses
+
+STEPS = 9
+
+
+def _port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+def _start_processes(workdir, dataset_dir, *flags, num_processes=2, heartbeat=100):
+  """Starts the processes of one job (4 forced CPU devices each); returns the Popen list."""
+  port = _port()
+  env = dict(os.environ, JAX_PLATFORMS="cpu",
+             XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // num_processes}")
+  processes = []
+  for index in range(num_processes):
+    command = [sys.executable, os.path.join(ROOT, "launch/train.py"), f"--workdir={workdir}",
+               *TINY, "--config.data.source=prepared", f"--config.data.dataset_dir={dataset_dir}",
+               f"--config.train.num_train_steps={STEPS}", "--config.checkpoint.save_every_steps=3",
+               f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={num_processes}",
+               f"--process_id={index}", f"--heartbeat_timeout={heartbeat}", *flags]
+    processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
+                                      stderr=subprocess.STDOUT, text=True))
+  return processes
+
+
+def _finish(processes, timeout=300):
+  outputs = [p.communicate(timeout=timeout)[0] for p in processes]
+  return [p.returncode for p in processes], outputs
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory):
+  """One process x 8 devices, uninterrupted: the losses every other layout must reproduce."""
+  workdir = str(tmp_path_factory.mktemp("one_process"))
+  result = _launch(workdir, f"--config.train.num_train_steps={STEPS}",
+                   "--config.checkpoint.save_every_steps=3")
+  assert result.returncode == 0, result.stdout + result.stderr
+  data = os.path.join(workdir, "data")
+  dataset_dir = os.path.join(data, next(n for n in os.listdir(data) if n.startswith("builtin-")))
+  return _train_losses(workdir), dataset_dir
+
+
+def _assert_same_losses(losses, reference_losses, steps):
+  for step in steps:
+    assert losses[step] == pytest.approx(reference_losses[step], rel=1e-5), step
+
+
+def test_two_processes_match_one_and_share_checkpoints(reference, tmp_path):
+  reference_losses, dataset_dir = reference
+  workdir = str(tmp_path / "two")
+  codes, outputs = _finish(_start_processes(workdir, dataset_dir))
+  assert codes == [0, 0], outputs
+  _assert_same_losses(_train_losses(workdir), reference_losses, range(1, STEPS + 1))
+  # Both processes wrote their part: one iterator-state file each, one state tree.
+  data_files = sorted(os.listdir(os.path.join(workdir, "checkpoints", str(STEPS), "data")))
+  assert [f for f in data_files if f.startswith("process_")] == [
+      "process_0-of-2.json", "process_1-of-2.json"]
+  # Only process 0 logs.
+  assert "step 1/" in outputs[0] and "step 1/" not in outputs[1]
+
+
+def test_preemption_is_agreed_and_resume_works_with_any_process_count(reference, tmp_path):
+  reference_losses, dataset_dir = reference
+  workdir = str(tmp_path / "preempted")
+  processes = _start_processes(workdir, dataset_dir)
+  # Once training runs (step 1 logged by process 0), SIGTERM both, as a cluster would.
+  deadline = time.time() + 240
+  while time.time() < deadline and not (
+      os.path.exists(os.path.join(workdir, "metrics.jsonl")) and _train_losses(workdir)):
+    time.sleep(0.05)
+  for p in processes:
+    p.send_signal(signal.SIGTERM)
+  codes, outputs = _finish(processes)
+  assert codes == [0, 0], outputs
+  stopped = _checkpoint_steps(workdir)
+  assert stopped and stopped[-1] < STEPS, stopped
+  after = range(stopped[-1] + 1, STEPS + 1)
+  # Resume with two processes to the end...
+  two = str(tmp_path / "resume_two")
+  shutil.copytree(workdir, two)
+  codes, outputs = _finish(_start_processes(two, dataset_dir))
+  assert codes == [0, 0], outputs
+  assert f"Resumed from {two}/checkpoints/{stopped[-1]}" in outputs[0]
+  _assert_same_losses(_train_losses(two), reference_losses, after)
+  # ...and with one process x 8 devices: the state is resharded, and the data position (global
+  # batches consumed) means the same examples for any process count.
+  one = str(tmp_path / "resume_one")
+  shutil.copytree(workdir, one)
+  result = _launch(one, "--config.data.source=prepared", f"--config.data.dataset_dir={dataset_dir}",
+                   f"--config.train.num_train_steps={STEPS}", "--config.checkpoint.save_every_steps=3")
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert f"Resumed from {one}/checkpoints/{stopped[-1]}" in result.stdout
+  _assert_same_losses(_train_losses(one), reference_losses, after)
+
+
+def test_a_dead_peer_stops_the_job_with_an_error_in_bounded_time(reference, tmp_path):
+  _, dataset_dir = reference
+  workdir = str(tmp_path / "dead_peer")
+  processes = _start_processes(workdir, dataset_dir, "--config.train.num_train_steps=100000",
+                               "--config.train.log_every_steps=1", heartbeat=10)
+  deadline = time.time() + 240
+  while time.time() < deadline and not (
+      os.path.exists(os.path.join(workdir, "metrics.jsonl")) and _train_losses(workdir)):
+    time.sleep(0.05)
+  processes[1].kill()
+  killed_at = time.time()
+  try:
+    output = processes[0].communicate(timeout=90)[0]
+  finally:
+    processes[0].kill()
+  elapsed = time.time() - killed_at
+  assert processes[0].returncode != 0
+  assert elapsed < 90, elapsed
+  assert "heartbeat timeout" in output and "another task died" in output, output[-3000:]
+  print(f"process 0 stopped {elapsed:.1f} s after its peer was killed")
