@@ -171,20 +171,67 @@ def evaluate(params, config, data: DataSpec, eval_fn, mesh) -> dict[str, float]:
   return {**losses.means(totals), "examples": totals["nsp_count"]}
 
 
-def _describe_compiled(compiled, writer: MetricWriter, flops_per_step: float) -> None:
+def _batch_spec(config, mesh) -> dict[str, jax.ShapeDtypeStruct]:
+  return {name: jax.ShapeDtypeStruct((config.train.batch_size, *shape), dtype,
+                                     sharding=sharding.batch_sharding(mesh, 1 + len(shape)))
+          for name, (shape, dtype) in _batch_signature(config.data.max_seq_length).items()}
+
+
+def memory_report(compiled) -> dict[str, float]:
+  """Per-device memory of a compiled step in GiB (XLA's memory analysis) and XLA's FLOPs."""
   memory = compiled.memory_analysis()
-  if memory is not None:
-    gib = 1 / 2**30
-    writer.log(
-        f"Compiled train step, per device: arguments {memory.argument_size_in_bytes * gib:.3f} "
-        f"GiB, outputs {memory.output_size_in_bytes * gib:.3f} GiB, temporaries "
-        f"{memory.temp_size_in_bytes * gib:.3f} GiB, code "
-        f"{memory.generated_code_size_in_bytes * gib:.3f} GiB")
   cost = compiled.cost_analysis()
   cost = cost[0] if isinstance(cost, list) else cost
-  xla_flops = float(cost.get("flops", 0.0)) if cost else 0.0
+  gib = 1 / 2**30
+  report = {"xla_flops_per_device": float(cost.get("flops", 0.0)) if cost else 0.0}
+  if memory is not None:
+    report.update(
+        arguments_gib=memory.argument_size_in_bytes * gib,
+        outputs_gib=memory.output_size_in_bytes * gib,
+        temporaries_gib=memory.temp_size_in_bytes * gib,
+        code_gib=memory.generated_code_size_in_bytes * gib,
+        # Donated state: outputs reuse the argument buffers.
+        total_gib=(memory.argument_size_in_bytes + memory.temp_size_in_bytes
+                   + memory.generated_code_size_in_bytes) * gib)
+  return report
+
+
+def _describe_compiled(compiled, writer: MetricWriter, flops_per_step: float) -> None:
+  report = memory_report(compiled)
+  if "total_gib" in report:
+    writer.log(
+        f"Compiled train step, per device: arguments {report['arguments_gib']:.3f} GiB, "
+        f"temporaries {report['temporaries_gib']:.3f} GiB, code {report['code_gib']:.3f} GiB; "
+        f"about {report['total_gib']:.3f} GiB in all")
   writer.log(f"FLOPs per step: {flops_per_step:.4g} (model count, all devices); XLA's count "
-             f"{xla_flops:.4g} per device")
+             f"{report['xla_flops_per_device']:.4g} per device")
+
+
+def compile_report(config) -> dict[str, Any]:
+  """Compiles the train step of `config` on this process's mesh against abstract shapes only
+  (nothing is allocated, no data is read) -> per-device memory and FLOPs, to tell before a long
+  run whether a config fits a chip."""
+  _validate(config)
+  model_config = BertConfig.from_config(config.model)
+  mesh = sharding.make_mesh(config.mesh)
+  sharding.batch_size_per_shard(config.train.batch_size // config.train.grad_accum_steps, mesh)
+  model = BertForPreTraining(model_config)
+  optimizer = optimizer_lib.make_optimizer(config.train)
+  masking_config = MaskingConfig.from_config(
+      config.masking, vocab_size=config.model.vocab_size,
+      mask_token_id=_SYNTHETIC_SPECIALS["mask_id"],
+      special_token_ids=tuple(_SYNTHETIC_SPECIALS.values()))
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
+    state_shardings, abstract_state = state_shardings_and_shapes(config, model, optimizer, mesh)
+    target = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
+                          abstract_state, state_shardings)
+    start = time.time()
+    compiled = jit_train_step(config, model, optimizer, masking_config, state_shardings).lower(
+        target, _batch_spec(config, mesh), jax.random.key(0)).compile()
+  return {"compile_seconds": time.time() - start, "devices": jax.device_count(),
+          "mesh": dict(mesh.shape), **memory_report(compiled),
+          "model_flops_per_step": config.train.batch_size * flops.train_flops_per_sequence(
+              model_config, config.data.max_seq_length, config.masking.max_predictions_per_seq)}
 
 
 def _init_fn(config, model, optimizer):
@@ -276,12 +323,9 @@ def _train_and_evaluate(config, workdir: str, preemption: "_PreemptionFlag") -> 
       train_iter.set_state(json.loads(data_state))
 
     seq_len = config.data.max_seq_length
-    batch_spec = {name: jax.ShapeDtypeStruct((config.train.batch_size, *shape), dtype,
-                                             sharding=sharding.batch_sharding(mesh, 1 + len(shape)))
-                  for name, (shape, dtype) in _batch_signature(seq_len).items()}
     compile_start = time.time()
     compiled = jit_train_step(config, model, optimizer, masking_config, state_shardings).lower(
-        state, batch_spec, step_key).compile()
+        state, _batch_spec(config, mesh), step_key).compile()
     writer.log(f"Compiled the train step in {time.time() - compile_start:.1f} s on "
                f"{jax.device_count()} devices, mesh {dict(mesh.shape)}")
     tokens_per_step = config.train.batch_size * seq_len

@@ -5,6 +5,7 @@ locked: a mistyped field fails). `--workdir` defaults to runs/<config name>; a s
 same workdir resumes from its latest checkpoint. Multi-host: see README.md ("Scale-out").
 """
 
+import json
 import os
 import sys
 
@@ -20,6 +21,8 @@ config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/tiny.
 flags.mark_flags_as_required(["config"])
 flags.DEFINE_string("workdir", None, "Checkpoints, metrics and prepared data go here "
                     "(default: runs/<config name>).")
+flags.DEFINE_bool("compile_only", False, "Compile the train step against abstract shapes, print "
+                  "its per-device memory and FLOPs, and exit (no data, no training).")
 distributed.define_flags()
 
 
@@ -28,6 +31,9 @@ def main(argv):
     raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
   distributed.initialize_from_flags()
   from bert_jax import train  # After distributed init: importing may touch the backend.
+  if flags.FLAGS.compile_only:
+    print(json.dumps(train.compile_report(flags.FLAGS.config), indent=1))
+    return
   config_path = flags.FLAGS["config"].config_filename
   workdir = flags.FLAGS.workdir or os.path.join(
       "runs", os.path.splitext(os.path.basename(config_path))[0])

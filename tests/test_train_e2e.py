@@ -83,7 +83,7 @@ def _fresh_workdir(tmp_path, prepared_workdir):
 
 def test_launcher_trains_writes_checkpoints_and_metrics_then_resumes(prepared, tmp_path):
   workdir, output = prepared
-  assert "Compiled train step, per device" in output and "FLOPs per step" in output
+  assert "Compiled train step, per device" in output and "GiB in all" in output and "FLOPs per step" in output
   assert _checkpoint_steps(workdir) == [4, 8, 12]
   records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
   train_records = [r for r in records if r["split"] == "train"]
@@ -207,3 +207,14 @@ def test_continued_pretraining_starts_from_given_weights(prepared, tmp_path):
   assert f"Initialised from {prepared[0]}" in result.stdout
   # Same first batch and masks as the reference run, but trained weights: a lower loss.
   assert _train_losses(workdir)[1] < reference[1] - 0.05
+
+
+def test_compile_only_reports_per_device_memory_without_data(tmp_path):
+  command = [sys.executable, os.path.join(ROOT, "launch/train.py"), *TINY,
+             "--config.data.source=synthetic", "--compile_only", f"--workdir={tmp_path}"]
+  result = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                          timeout=300)
+  assert result.returncode == 0, result.stderr
+  report = json.loads(result.stdout[result.stdout.index("{"):])
+  assert report["devices"] == 8 and report["total_gib"] > report["arguments_gib"] > 0
+  assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))

@@ -20,6 +20,7 @@ def _config(**mesh):
   config = tiny.get_config()
   config.model.vocab_size = 300
   config.model.hidden_size = 64
+  config.model.num_hidden_layers = 1
   config.model.num_attention_heads = 4
   config.model.intermediate_size = 128
   config.model.hidden_dropout_prob = 0.0
@@ -78,8 +79,8 @@ def test_meshes_give_the_losses_of_one_device(single_device_run, mesh):
   np.testing.assert_allclose(losses, reference, rtol=1e-5)
   # Real updates happened (the MLM bias starts at zero), so the comparison covers them.
   assert np.abs(np.asarray(ref_state.params["mlm"]["bias"])).max() > 1e-4
-  kernel = state.params["bert"]["layer_1"]["intermediate"]["kernel"]
-  np.testing.assert_allclose(kernel, ref_state.params["bert"]["layer_1"]["intermediate"]["kernel"],
+  kernel = state.params["bert"]["layer_0"]["intermediate"]["kernel"]
+  np.testing.assert_allclose(kernel, ref_state.params["bert"]["layer_0"]["intermediate"]["kernel"],
                              rtol=1e-4, atol=1e-6)
 
 
