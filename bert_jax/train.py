@@ -429,13 +429,14 @@ def _loop(config, state, compiled, step_key, train_iter, checkpointer, writer, m
         break
       eval_every = config.train.eval_every_steps
       if data.dataset_dir and eval_every and (step % eval_every == 0 or step == total):
+        eval_start = time.time()
         report = evaluate(state.params, config, data, eval_fn, mesh)
+        interval_start += time.time() - eval_start  # Keep eval time out of tokens/s.
         writer.write(step, "validation", report)
         writer.log(f"eval step {step}: mlm_loss {report['mlm_loss']:.4f} mlm_acc "
                    f"{report['mlm_accuracy']:.4f} nsp_loss {report['nsp_loss']:.4f} nsp_acc "
                    f"{report['nsp_accuracy']:.4f} over {report['examples']:.0f} examples")
         result["validation"] = report
-        interval_start = time.time()  # Keep eval time out of tokens/s.
   finally:
     checkpointer.wait_until_finished()
   result["step"] = step
