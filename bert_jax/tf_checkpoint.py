@@ -21,6 +21,8 @@ import warnings
 
 import numpy as np
 
+from bert_jax.varint import encode_varint
+
 INDEX_SUFFIX = ".index"
 _TABLE_MAGIC = 0xDB4775248B80FB57
 _FOOTER_SIZE = 48  # Two block handles padded to 40 bytes, then the 8-byte magic.
@@ -126,19 +128,6 @@ def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
       raise ValueError("varint too long")
 
 
-def _varint(value: int) -> bytes:
-  value &= (1 << 64) - 1  # Negative int64 values are 10-byte varints (two's complement).
-  out = bytearray()
-  while True:
-    byte = value & 0x7F
-    value >>= 7
-    if value:
-      out.append(byte | 0x80)
-    else:
-      out.append(byte)
-      return bytes(out)
-
-
 def _signed64(value: int) -> int:
   return value - (1 << 64) if value >= 1 << 63 else value
 
@@ -167,11 +156,11 @@ def _proto_fields(buf: bytes) -> list[tuple[int, int | bytes]]:
 
 
 def _field(number: int, wire: int, value: int | bytes) -> bytes:
-  key = _varint(number << 3 | wire)
+  key = encode_varint(number << 3 | wire)
   if wire == 0:
-    return key + _varint(value)
+    return key + encode_varint(value)
   if wire == 2:
-    return key + _varint(len(value)) + value
+    return key + encode_varint(len(value)) + value
   if wire == 5:
     return key + struct.pack("<I", value)
   raise ValueError(wire)
@@ -332,7 +321,7 @@ class _BlockBuilder:
     else:
       self.restarts.append(len(self.buffer))
       self.count = 0
-    self.buffer += _varint(shared) + _varint(len(key) - shared) + _varint(len(value))
+    self.buffer += encode_varint(shared) + encode_varint(len(key) - shared) + encode_varint(len(value))
     self.buffer += key[shared:] + value
     self.last_key = key
     self.count += 1
@@ -350,7 +339,7 @@ def write_table(path: str, entries: list[tuple[bytes, bytes]], block_size: int =
   out = bytearray()
 
   def emit(contents: bytes) -> bytes:
-    handle = _varint(len(out)) + _varint(len(contents))
+    handle = encode_varint(len(out)) + encode_varint(len(contents))
     out.extend(contents + bytes([_NO_COMPRESSION]))
     out.extend(struct.pack("<I", mask_crc(crc32c(contents + bytes([_NO_COMPRESSION])))))
     return handle

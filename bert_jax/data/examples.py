@@ -34,6 +34,8 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from bert_jax.varint import encode_varint
+
 TRAIN = "train"
 VALIDATION = "validation"
 SPLITS = (TRAIN, VALIDATION)
@@ -246,23 +248,11 @@ def instance_to_features(
 # ---------------------------------------------------------------- record serialization
 
 
-def _encode_varint(value: int) -> bytes:
-  out = bytearray()
-  while True:
-    byte = value & 0x7F
-    value >>= 7
-    if value:
-      out.append(byte | 0x80)
-    else:
-      out.append(byte)
-      return bytes(out)
-
-
-_SMALL_VARINTS = [_encode_varint(i) for i in range(1 << 14)]
+_SMALL_VARINTS = [encode_varint(i) for i in range(1 << 14)]
 
 
 def _varint(value: int) -> bytes:
-  return _SMALL_VARINTS[value] if value < 16384 else _encode_varint(value)
+  return _SMALL_VARINTS[value] if value < 16384 else encode_varint(value)
 
 
 def _length_delimited(tag: bytes, payload: bytes) -> bytes:
