@@ -1,0 +1,455 @@
+"""Fine-tuning and inference on small synthetic tasks (8 forced CPU devices): learning far above
+chance (classification, BIO tagging, extractive QA), a frozen encoder left bit-identical, a
+pretrained encoder beating scratch, fill-mask after pretraining, the launchers, bad input."""
+
+import json
+import os
+import random
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+
+from bert_jax import finetune, finetune_data, finetune_eval, predict, pretrained, train
+from bert_jax.data import prepare
+from bert_jax.data.vocab import Vocab, train_sentencepiece
+from configs import finetune_classification, finetune_qa, finetune_tagging, tiny
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+
+# ------------------------------------------------------------------------ synthetic corpus
+# Pretraining sentences "the <animal> <verb> on the <object> ." put the two word classes in
+# different slots, so MLM learns which words are animals: a classifier trained on half of the
+# animals / objects then transfers to the other half only if the encoder was pretrained.
+ANIMALS = ["cat", "dog", "bird", "horse", "cow", "fox", "mouse", "rabbit", "goat", "pig", "duck",
+           "sheep"]
+OBJECTS = ["mat", "rug", "sofa", "chair", "bed", "table", "floor", "box", "bench", "desk",
+           "shelf", "stool"]
+VERBS = ["sat", "slept", "lay", "stood"]
+GLUE_WORDS = ["the", "a", "on", "under", "near", ".", "there", "is", "here", "look", "at", "i",
+              "saw"]
+TEMPLATES = ["the {} is here .", "look at the {} .", "i saw a {} there .", "there is a {} ."]
+PRETRAIN_MODEL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                      intermediate_size=128, max_position_embeddings=64)
+
+# ------------------------------------------------------------------------ task vocabulary
+FILLER = "we saw it there today and then they went home with some friends in town at night".split()
+NAMES = ["Alice", "Bob", "Carol", "Dave", "Erin", "Frank", "Grace", "Heidi"]
+SURNAMES = ["Smith", "Jones", "Brown", "Lee"]
+COLORS = ["red", "blue", "green", "yellow", "black", "white"]
+SENTIMENT = {"pos": ["good", "great"], "neg": ["bad", "awful"]}
+QUESTIONS = {"person": "who paid?", "number": "how many?", "color": "what color?"}
+TASK_MODEL = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
+                  intermediate_size=128, max_position_embeddings=64, hidden_dropout_prob=0.0,
+                  attention_probs_dropout_prob=0.0)
+
+
+def _write_vocab(path, words) -> str:
+  digits = [str(d) for d in range(10)]
+  tokens = SPECIALS + sorted(set(words)) + digits + ["##" + d for d in digits]
+  with open(path, "w") as f:
+    f.write("\n".join(tokens) + "\n")
+  return str(path)
+
+
+def _task_vocab(tmp_path) -> str:
+  """A cased WordPiece vocabulary: whole words, and numbers split into digit pieces."""
+  words = (FILLER + NAMES + SURNAMES + COLORS + sum(SENTIMENT.values(), [])
+           + " ".join(QUESTIONS.values()).replace("?", " ?").split() + [".", "?", "paid"])
+  return _write_vocab(tmp_path / "vocab.txt", words)
+
+
+def _write_jsonl(path, rows) -> str:
+  with open(path, "w") as f:
+    f.writelines(json.dumps(row) + "\n" for row in rows)
+  return str(path)
+
+
+def _keyword_rows(n, rng):
+  rows = []
+  for _ in range(n):
+    words = rng.sample(FILLER, rng.randint(3, 7))
+    label = rng.choice(["neg", "pos"])
+    words.insert(rng.randint(0, len(words)), rng.choice(SENTIMENT[label]))
+    rows.append({"text": " ".join(words), "label": label})
+  return rows
+
+
+def _tagging_rows(n, rng):
+  rows = []
+  for _ in range(n):
+    words, tags = [], []
+    for _ in range(rng.randint(4, 9)):
+      draw = rng.random()
+      if draw < 0.2:
+        words.append(rng.choice(NAMES))
+        tags.append("B-PER")
+        if rng.random() < 0.5:
+          words.append(rng.choice(SURNAMES))
+          tags.append("I-PER")
+      elif draw < 0.35:
+        words.append(str(rng.randint(0, 9999)))  # Several pieces: the tag sits on the first.
+        tags.append("B-NUM")
+      else:
+        words.append(rng.choice(FILLER))
+        tags.append("O")
+    rows.append({"text": " ".join(words), "tags": tags})
+  return rows
+
+
+def _qa_rows(n, rng):
+  """A passage of filler words holding a person (1-2 words), a number (1-4 digit pieces) and a
+  color; the question asks for one of them: the answer is a span found through the question."""
+  rows = []
+  for _ in range(n):
+    entities = {"person": rng.choice(NAMES) + (f" {rng.choice(SURNAMES)}" if rng.random() < 0.5
+                                               else ""),
+                "number": str(rng.randint(0, 9999)), "color": rng.choice(COLORS)}
+    words = rng.sample(FILLER, rng.randint(4, 8))
+    for slot, kind in zip(sorted(rng.sample(range(len(words) + 1), 3), reverse=True),
+                          rng.sample(list(entities), 3)):
+      words.insert(slot, kind)
+    context, starts = "", {}
+    for word in words:
+      context += " " if context else ""
+      if word in entities:
+        starts[word] = len(context)
+        word = entities[word]
+      context += word
+    kind = rng.choice(list(entities))
+    rows.append({"text": QUESTIONS[kind], "text_b": context + ".",
+                 "answers": [{"text": entities[kind], "answer_start": starts[kind]}]})
+  return rows
+
+
+def _config(module, tmp_path, task_rows, steps, *, vocab=None, init_from="", model=TASK_MODEL,
+            seq_len=32, learning_rate=2e-3, n_train=320, n_validation=64, seed=0):
+  """A fine-tuning config on fresh synthetic files (validation from another seed)."""
+  os.makedirs(tmp_path, exist_ok=True)
+  train_file = _write_jsonl(tmp_path / "train.jsonl", task_rows(n_train, random.Random(seed)))
+  dev_file = _write_jsonl(tmp_path / "dev.jsonl", task_rows(n_validation, random.Random(99)))
+  config = module.get_config()
+  config.init_from = init_from
+  config.vocab = vocab or ""
+  config.model.update(model)
+  config.data.update(train_file=train_file, validation_file=dev_file, max_seq_length=seq_len)
+  config.train.update(batch_size=32, num_train_steps=steps, learning_rate=learning_rate,
+                      warmup_steps=5, log_every_steps=20, eval_every_steps=steps // 2,
+                      eval_batch_size=64)
+  config.logging.tensorboard = False
+  return config
+
+
+# ------------------------------------------------------------------------------ fixtures
+
+
+def pretrain_tiny(directory, steps: int = 150) -> tuple[str, str]:
+  """A tiny BERT pretrained by the real loop on the animals/objects corpus in `directory`;
+  -> (workdir, vocab file)."""
+  os.makedirs(directory, exist_ok=True)
+  vocab_file = _write_vocab(directory / "vocab.txt", ANIMALS + OBJECTS + VERBS + GLUE_WORDS)
+  vocab = Vocab.load(vocab_file)
+  rng = random.Random(0)
+
+  def sentence():
+    return (f"{rng.choice(['the', 'a'])} {rng.choice(ANIMALS)} {rng.choice(VERBS)} "
+            f"{rng.choice(['on', 'under', 'near'])} the {rng.choice(OBJECTS)} .")
+
+  documents = [[sentence() for _ in range(rng.randint(4, 8))] for _ in range(400)]
+  prepare.prepare_dataset(str(directory / "data"), lambda: iter(documents), vocab,
+                          max_seq_length=32, dupe_factor=1, validation_fraction=0.02,
+                          num_workers=0)
+  config = tiny.get_config()
+  config.model.update(vocab_size=vocab.size, **PRETRAIN_MODEL)
+  config.data.update(source="prepared", dataset_dir=str(directory / "data"), max_seq_length=32)
+  config.masking.max_predictions_per_seq = 6
+  config.train.update(batch_size=32, num_train_steps=steps, learning_rate=3e-3,
+                      warmup_steps=20, log_every_steps=50, eval_every_steps=0)
+  config.checkpoint.save_every_steps = steps
+  config.logging.tensorboard = False
+  workdir = str(directory / "run")
+  train.train_and_evaluate(config, workdir)
+  return workdir, vocab_file
+
+
+@pytest.fixture(scope="module")
+def pretrained_run(tmp_path_factory):
+  return pretrain_tiny(tmp_path_factory.mktemp("pretrain"))
+
+
+def category_config(tmp_path, pretrained_workdir, vocab_file, seed=0, **train_overrides):
+  """Animal vs object on held-out words: train on 6 + 6 words, validate on the other 6 + 6."""
+  def rows(words):
+    return lambda n, rng: [{"text": rng.choice(TEMPLATES).format(w),
+                            "label": "animal" if w in ANIMALS else "object"}
+                           for w in (rng.choice(words) for _ in range(n))]
+
+  config = _config(finetune_classification, tmp_path, rows(ANIMALS[:6] + OBJECTS[:6]), 60,
+                   init_from=pretrained_workdir, vocab=None if pretrained_workdir else vocab_file,
+                   model=PRETRAIN_MODEL, seq_len=16, learning_rate=5e-4, n_train=256, seed=seed)
+  _write_jsonl(config.data.validation_file,
+               rows(ANIMALS[6:] + OBJECTS[6:])(128, random.Random(seed + 1)))
+  config.train.update(train_overrides)
+  return config
+
+
+# ------------------------------------------------------------------ pretrained encoders
+
+
+def test_fill_mask_after_pretraining_fits_the_context(pretrained_run):
+  workdir = pretrained.load_pretrained(pretrained_run[0])  # Loaded once for the three calls.
+  (animal,), = [[c[0] for c in candidates] for candidates in
+                predict.fill_mask(workdir, "the [MASK] sat on the mat .", top_k=1)]
+  assert animal in ANIMALS
+  thing = predict.fill_mask(workdir, "a dog slept under the [MASK] .", top_k=3)[0]
+  assert all(token in OBJECTS for token, _ in thing), thing
+  assert all(0 < p < 1 for _, p in thing) and thing[0][1] >= thing[-1][1]
+  two = predict.fill_mask(workdir, "the [MASK] lay near the [MASK] .", top_k=2)
+  assert len(two) == 2 and two[0][0][0] in ANIMALS and two[1][0][0] in OBJECTS
+
+
+def test_pretrained_encoder_beats_scratch_on_held_out_words(pretrained_run, tmp_path):
+  workdir, vocab_file = pretrained_run
+  accuracy = {}
+  for name, init_from in (("pretrained", workdir), ("scratch", "")):
+    config = category_config(tmp_path / name, init_from, vocab_file)
+    result = finetune.finetune_and_evaluate(config, str(tmp_path / name / "run"))
+    accuracy[name] = result["final"]["accuracy"]
+  print("held-out-word accuracy (chance 0.5):", accuracy)
+  assert accuracy["pretrained"] >= 0.9
+  assert accuracy["pretrained"] - accuracy["scratch"] >= 0.3
+
+
+def _category_tags(words):
+  """Tag the one animal / object word of a template sentence by its class (BIO, one word)."""
+  def rows(n, rng):
+    result = []
+    for word in (rng.choice(words) for _ in range(n)):
+      text = rng.choice(TEMPLATES).format(word)
+      tag = "B-ANIMAL" if word in ANIMALS else "B-OBJECT"
+      result.append({"text": text, "tags": [tag if w == word else "O" for w in text.split()]})
+    return result
+  return rows
+
+
+def test_frozen_encoder_stays_bitwise_unchanged(pretrained_run, tmp_path):
+  """Head-only training on frozen pretrained features: they already separate animals from
+  objects, so the tagger transfers to held-out words while the encoder stays bit-identical."""
+  workdir, _ = pretrained_run
+  _, params, _ = pretrained.load_pretrained(workdir)
+  config = _config(finetune_tagging, tmp_path, _category_tags(ANIMALS[:6] + OBJECTS[:6]), 60,
+                   init_from=workdir, model=PRETRAIN_MODEL, seq_len=16, learning_rate=1e-2,
+                   n_train=256)
+  _write_jsonl(config.data.validation_file,
+               _category_tags(ANIMALS[6:] + OBJECTS[6:])(128, random.Random(1)))
+  config.train.freeze_encoder = True
+  result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
+  print("frozen-encoder tagging of held-out words:", result["final"])
+  assert result["freeze_encoder"] and result["final"]["entity_f1"] >= 0.9
+
+  final = jax.device_get(result["state"].params)
+  saved = jax.device_get(predict.load_finetuned(str(tmp_path / "run")).params)
+  expected = {k: v for k, v in params["bert"].items() if k != "pooler"}  # Tagging: no pooler.
+  for trained in (final, saved):
+    jax.tree.map(lambda a, b: np.testing.assert_array_equal(
+        np.asarray(a).view(np.uint32), np.asarray(b).view(np.uint32)), trained["bert"], expected)
+    assert np.abs(trained["classifier"]["bias"]).max() > 0  # Initialised at 0, then trained.
+  # set_to_zero keeps no optimizer state for the encoder: Adam's moments cover the head only.
+  head_size = sum(x.size for x in jax.tree.leaves(final["classifier"]))
+  assert sum(x.size for x in jax.tree.leaves(result["state"].opt_state)) < 2 * head_size + 10
+
+
+# --------------------------------------------------------------------- tasks from scratch
+
+
+def test_tagging_learns_bio_entities_on_first_pieces(tmp_path):
+  vocab = _task_vocab(tmp_path)
+  config = _config(finetune_tagging, tmp_path, _tagging_rows, 80, vocab=vocab)
+  result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
+  print("tagging:", result["final"])
+  # Chance: 5 tags; always "O" gets no entity at all (entity F1 0).
+  assert result["final"]["entity_f1"] >= 0.9 and result["best_metric"] == "entity_f1"
+  words = "Grace Lee paid 4096 then Bob went home".split()
+  (prediction,) = predict.predict(str(tmp_path / "run"), [{"text": " ".join(words)}])
+  assert prediction["words"] == words
+  assert prediction["tags"][:4] == ["B-PER", "I-PER", "O", "B-NUM"], prediction
+
+
+def test_qa_learns_spans_and_maps_them_to_characters(tmp_path):
+  vocab = _task_vocab(tmp_path)
+  config = _config(finetune_qa, tmp_path, _qa_rows, 240, vocab=vocab, n_train=640)
+  result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
+  print("qa:", result["final"])
+  # Chance: one of ~10 passage words (spans of several pieces make it lower still).
+  assert result["final"]["exact_match"] >= 0.6 and result["final"]["f1"] >= 0.6
+  context = "we went home with Carol Jones and 73 red friends."
+  answers = predict.predict(str(tmp_path / "run"), [
+      {"text": "who paid?", "text_b": context}, {"text": "what color?", "text_b": context}])
+  for answer in answers:
+    assert context[answer["start"]:answer["end"]] == answer["answer"]
+  assert answers[1]["answer"] == "red", answers
+
+
+# ------------------------------------------------------------------------------ launchers
+
+
+def _launch(script, *args):
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
+  return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], cwd=ROOT,
+                        env=env, capture_output=True, text=True, timeout=300)
+
+
+def test_launchers_finetune_then_predict(pretrained_run, tmp_path):
+  vocab = _task_vocab(tmp_path)
+  rows = _keyword_rows(256, random.Random(0))
+  rows.append({"text": " ".join(["we"] * 40 + ["good"]), "label": "pos"})  # Truncated.
+  train_file = _write_jsonl(tmp_path / "train.jsonl", rows)
+  dev_file = _write_jsonl(tmp_path / "dev.jsonl", _keyword_rows(64, random.Random(1)))
+  workdir = str(tmp_path / "run")
+  model = {**{k: v for k, v in TASK_MODEL.items() if "dropout" not in k}, "num_hidden_layers": 1}
+  result = _launch(
+      "finetune.py", "--config=configs/finetune_classification.py", f"--workdir={workdir}",
+      f"--config.vocab={vocab}", f"--config.data.train_file={train_file}",
+      f"--config.data.validation_file={dev_file}", "--config.data.max_seq_length=24",
+      *[f"--config.model.{k}={v}" for k, v in model.items()],
+      "--config.train.num_train_steps=40", "--config.train.learning_rate=2e-3",
+      "--config.train.warmup_steps=5", "--config.train.eval_every_steps=20",
+      "--config.train.log_every_steps=20", "--config.logging.tensorboard=false")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "1 longer than max_seq_length=24 were truncated" in result.stdout
+  assert "Full fine-tuning" in result.stdout
+  final = json.load(open(os.path.join(workdir, "final_eval.json")))
+  print("keyword classification:", final["final"])
+  assert final["final"]["accuracy"] >= 0.9 and final["train_truncated"] == 1  # Chance 0.5.
+  records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
+  assert {r["split"] for r in records} == {"train", "validation"}
+  assert [r["step"] for r in records if r["split"] == "validation"] == [20, 40]
+
+  predicted = _launch("predict.py", "--mode=classify", f"--checkpoint={workdir}",
+                      "--text=they went home with some awful friends")
+  assert predicted.returncode == 0, predicted.stderr[-3000:]
+  assert json.loads(predicted.stdout.strip().splitlines()[-1])["label"] == "neg"
+
+  filled = _launch("predict.py", "--mode=fill_mask", f"--checkpoint={pretrained_run[0]}",
+                   "--text=the [MASK] sat on the mat .", "--top_k=3")
+  assert filled.returncode == 0, filled.stderr[-3000:]
+  print(filled.stdout)
+  lines = filled.stdout.strip().splitlines()
+  assert lines[0] == "[MASK] 1:" and len(lines) == 4
+  assert lines[1].split()[0] in ANIMALS
+
+
+# ------------------------------------------------------------------------------ bad input
+
+
+def test_bad_input_names_the_file_and_line(tmp_path):
+  vocab = _task_vocab(tmp_path)
+  config = _config(finetune_classification, tmp_path, _keyword_rows, 10, vocab=vocab)
+  with open(config.data.train_file, "a") as f:
+    f.write("\n" + json.dumps({"text": "we saw it"}) + "\n")  # Line 322 (a blank line before).
+  with pytest.raises(ValueError, match=r"train\.jsonl, line 322: missing field 'label'"):
+    finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
+
+  records = finetune_data.read_records(_write_jsonl(tmp_path / "dev.jsonl", [
+      {"text": "we saw it good", "label": "pos"}, {"text": "we bad", "label": "meh"}]))
+  with pytest.raises(ValueError, match=r"dev\.jsonl, line 2: label 'meh' is not in the label"):
+    finetune_data.encode("classification", records, Vocab.load(vocab), labels=["neg", "pos"])
+  configured = finetune_data.label_set("classification", records, configured=(0, 1))
+  with pytest.raises(ValueError, match=r"dev\.jsonl, line 1: label 'pos' is not in"):
+    finetune_data.encode("classification", records, Vocab.load(vocab), labels=configured)
+  assert finetune_data.label_set("classification", records) == ["meh", "pos"]
+
+  csv_file = tmp_path / "tags.csv"
+  csv_file.write_text('text,tags\n"Alice went home","B-PER O O"\n"Bob paid 42","B-PER O"\n')
+  with pytest.raises(ValueError, match=r"tags\.csv, line 3: 2 tags for 3 words"):
+    finetune_data.encode("tagging", finetune_data.read_records(str(csv_file)), Vocab.load(vocab),
+                         labels=["O", "B-PER"])
+  qa_file = _write_jsonl(tmp_path / "qa.jsonl", [
+      {"text": "who paid?", "text_b": "Bob paid.", "answers": [{"text": "Bob",
+                                                                "answer_start": 1}]}])
+  with pytest.raises(ValueError, match=r"qa\.jsonl, line 1: answer 'Bob' is not at character 1"):
+    finetune_data.encode("qa", finetune_data.read_records(qa_file), Vocab.load(vocab))
+  (tmp_path / "broken.jsonl").write_text('{"text": "a", "label": 1}\n{"text": \n')
+  with pytest.raises(ValueError, match=r"broken\.jsonl, line 2: not valid JSON"):
+    finetune_data.read_records(str(tmp_path / "broken.jsonl"))
+
+
+def test_long_text_is_truncated_and_counted(tmp_path):
+  vocab = Vocab.load(_task_vocab(tmp_path))
+  records = [("x.jsonl", 1, {"text": "we saw it", "label": "pos"}),
+             ("x.jsonl", 2, {"text": "we " * 30 + "good", "label": "pos"})]
+  data = finetune_data.encode("classification", records, vocab, labels=["neg", "pos"],
+                              max_length=16)
+  assert data.num_truncated == 1 and data.arrays["input_ids"].shape == (2, 16)
+  long_tags = [("x", 1, {"text": "Alice " * 20, "tags": ["B-PER"] * 20})]
+  tags = finetune_data.encode("tagging", long_tags, vocab, labels=["O", "B-PER"], max_length=8)
+  assert tags.num_truncated == 1 and tags.arrays["label_weights"].sum() == 6
+  assert tags.examples[0]["word_positions"][6:] == [-1] * 14
+  context = "we saw " * 20 + "Bob paid."
+  qa = [("q", 1, {"text": "who paid?", "text_b": context,
+                  "answers": [{"text": "Bob", "answer_start": context.index("Bob")}]})]
+  dropped = finetune_data.encode("qa", qa, vocab, max_length=24, is_training=True)
+  assert dropped.num_truncated == 1 and dropped.num_dropped == 1 and len(dropped) == 0
+  kept = finetune_data.encode("qa", qa, vocab, max_length=24)  # Eval keeps it, unanswerable.
+  assert len(kept) == 1 and kept.arrays["answer_weight"][0] == 0
+
+
+# --------------------------------------------------------------- tokenization and metrics
+
+
+def test_qa_positions_and_offsets_follow_the_pieces(tmp_path):
+  vocab = Vocab.load(_task_vocab(tmp_path))
+  context = "Carol Jones paid 4096, then 7 friends went home."
+  records = [("q", 1, {"text": "how many?", "text_b": context,
+                       "answers": [{"text": "4096", "answer_start": 17}]})]
+  data = finetune_data.encode("qa", records, vocab, max_length=32)
+  start, end = data.arrays["start_positions"][0], data.arrays["end_positions"][0]
+  pieces = [vocab.id_to_piece(i) for i in data.arrays["input_ids"][0][start:end + 1]]
+  assert pieces == ["4", "##0", "##9", "##6"]
+  spans = data.examples[0]["token_spans"]
+  assert context[spans[start][0]:spans[end][1]] == "4096"
+  assert data.arrays["context_mask"][0].sum() == np.sum(data.arrays["token_type_ids"][0]) - 1
+
+  # Best span: inside the passage, start <= end, length-capped.
+  # Best span: inside the passage (positions 3-7), start <= end, at most max_answer_length.
+  start_logits, end_logits = np.zeros(8, np.float32), np.zeros(8, np.float32)
+  start_logits[[1, 3, 5]], end_logits[[2, 4, 7]] = [9, 1, 4], [9, 6, 2]
+  mask = np.array([0, 0, 0, 1, 1, 1, 1, 1])
+  # (1, 2) scores 18 but lies outside the passage; (5, 4) scores 10 but ends before it starts.
+  assert finetune_eval.best_span(start_logits, end_logits, mask, 30)[:2] == (3, 4)
+  assert finetune_eval.best_span(start_logits, end_logits, mask, 1)[:2] == (4, 4)
+
+
+def test_sentencepiece_fill_mask_input_and_piece_offsets(tmp_path):
+  sentences = [f"the {a} sat on the {o}." for a in ANIMALS for o in OBJECTS]
+  vocab = train_sentencepiece(iter(sentences), str(tmp_path / "sp"), 60, "bpe",
+                              byte_fallback=False, allow_smaller_vocab=True)
+  ids = predict.encode_with_masks(vocab, "the [MASK] sat on the [MASK].")
+  assert ids[0] == vocab.cls_id and ids[-1] == vocab.sep_id
+  assert ids.count(vocab.mask_id) == 2 and vocab.unk_id not in ids
+  assert vocab.decode(ids[1:-1]).split()[:2] == ["the", "[MASK]"]
+  word = "rabbit."
+  word_ids = vocab.encode(word)
+  spans = finetune_data.piece_spans(vocab, word, word_ids)
+  assert "".join(word[a:b] for a, b in spans) == word and spans[-1][1] == len(word)
+
+
+def test_metrics_follow_seqeval_and_squad():
+  assert finetune_eval.entities(["B-PER", "I-PER", "O", "I-LOC", "I-LOC", "B-PER", "I-LOC"]) == {
+      ("PER", 0, 1), ("LOC", 3, 4), ("PER", 5, 5), ("LOC", 6, 6)}
+  gold = [["B-PER", "I-PER", "O", "B-NUM"]]
+  scores = finetune_eval.tagging_scores([["B-PER", "O", "O", "B-NUM"]], gold,
+                                        ["O", "B-PER", "I-PER", "B-NUM"])
+  assert scores["entity_precision"] == 0.5 and scores["entity_recall"] == 0.5
+  assert scores["token_accuracy"] == 0.75
+  assert finetune_eval.normalize_answer("The  Red, car!") == "red car"
+  squad = finetune_eval.squad_scores(["the red car", "blue"], [["Red car"], ["green", "blue sky"]])
+  assert squad["exact_match"] == 0.5 and squad["f1"] == pytest.approx((1 + 2 / 3) / 2)
+  binary = finetune_eval.classification_scores([1, 1, 0, 0], [1, 0, 0, 0], 2)
+  assert binary == {"accuracy": 0.75, "f1": pytest.approx(2 / 3)}
+  macro = finetune_eval.classification_scores([0, 1, 2, 2], [0, 1, 2, 1], 3)
+  assert macro["f1"] == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)
