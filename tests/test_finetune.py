@@ -62,7 +62,7 @@ def _task_vocab(tmp_path) -> str:
   return _write_vocab(tmp_path / "vocab.txt", words)
 
 
-def _write_jsonl(path, rows) -> str:
+def write_jsonl(path, rows) -> str:
   with open(path, "w") as f:
     f.writelines(json.dumps(row) + "\n" for row in rows)
   return str(path)
@@ -125,12 +125,12 @@ def _qa_rows(n, rng):
   return rows
 
 
-def _config(module, tmp_path, task_rows, steps, *, vocab=None, init_from="", model=TASK_MODEL,
+def finetune_config(module, tmp_path, task_rows, steps, *, vocab=None, init_from="", model=TASK_MODEL,
             seq_len=32, learning_rate=2e-3, n_train=320, n_validation=64, seed=0):
   """A fine-tuning config on fresh synthetic files (validation from another seed)."""
   os.makedirs(tmp_path, exist_ok=True)
-  train_file = _write_jsonl(tmp_path / "train.jsonl", task_rows(n_train, random.Random(seed)))
-  dev_file = _write_jsonl(tmp_path / "dev.jsonl", task_rows(n_validation, random.Random(99)))
+  train_file = write_jsonl(tmp_path / "train.jsonl", task_rows(n_train, random.Random(seed)))
+  dev_file = write_jsonl(tmp_path / "dev.jsonl", task_rows(n_validation, random.Random(99)))
   config = module.get_config()
   config.init_from = init_from
   config.vocab = vocab or ""
@@ -187,10 +187,10 @@ def category_config(tmp_path, pretrained_workdir, vocab_file, seed=0, **train_ov
                             "label": "animal" if w in ANIMALS else "object"}
                            for w in (rng.choice(words) for _ in range(n))]
 
-  config = _config(finetune_classification, tmp_path, rows(ANIMALS[:6] + OBJECTS[:6]), 60,
+  config = finetune_config(finetune_classification, tmp_path, rows(ANIMALS[:6] + OBJECTS[:6]), 60,
                    init_from=pretrained_workdir, vocab=None if pretrained_workdir else vocab_file,
                    model=PRETRAIN_MODEL, seq_len=16, learning_rate=5e-4, n_train=256, seed=seed)
-  _write_jsonl(config.data.validation_file,
+  write_jsonl(config.data.validation_file,
                rows(ANIMALS[6:] + OBJECTS[6:])(128, random.Random(seed + 1)))
   config.train.update(train_overrides)
   return config
@@ -223,7 +223,7 @@ def test_pretrained_encoder_beats_scratch_on_held_out_words(pretrained_run, tmp_
   assert accuracy["pretrained"] - accuracy["scratch"] >= 0.3
 
 
-def _category_tags(words):
+def category_tags(words):
   """Tag the one animal / object word of a template sentence by its class (BIO, one word)."""
   def rows(n, rng):
     result = []
@@ -240,11 +240,11 @@ def test_frozen_encoder_stays_bitwise_unchanged(pretrained_run, tmp_path):
   objects, so the tagger transfers to held-out words while the encoder stays bit-identical."""
   workdir, _ = pretrained_run
   _, params, _ = pretrained.load_pretrained(workdir)
-  config = _config(finetune_tagging, tmp_path, _category_tags(ANIMALS[:6] + OBJECTS[:6]), 60,
+  config = finetune_config(finetune_tagging, tmp_path, category_tags(ANIMALS[:6] + OBJECTS[:6]), 60,
                    init_from=workdir, model=PRETRAIN_MODEL, seq_len=16, learning_rate=1e-2,
                    n_train=256)
-  _write_jsonl(config.data.validation_file,
-               _category_tags(ANIMALS[6:] + OBJECTS[6:])(128, random.Random(1)))
+  write_jsonl(config.data.validation_file,
+               category_tags(ANIMALS[6:] + OBJECTS[6:])(128, random.Random(1)))
   config.train.freeze_encoder = True
   result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
   print("frozen-encoder tagging of held-out words:", result["final"])
@@ -267,7 +267,7 @@ def test_frozen_encoder_stays_bitwise_unchanged(pretrained_run, tmp_path):
 
 def test_tagging_learns_bio_entities_on_first_pieces(tmp_path):
   vocab = _task_vocab(tmp_path)
-  config = _config(finetune_tagging, tmp_path, _tagging_rows, 80, vocab=vocab)
+  config = finetune_config(finetune_tagging, tmp_path, _tagging_rows, 80, vocab=vocab)
   result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
   print("tagging:", result["final"])
   # Chance: 5 tags; always "O" gets no entity at all (entity F1 0).
@@ -280,7 +280,7 @@ def test_tagging_learns_bio_entities_on_first_pieces(tmp_path):
 
 def test_qa_learns_spans_and_maps_them_to_characters(tmp_path):
   vocab = _task_vocab(tmp_path)
-  config = _config(finetune_qa, tmp_path, _qa_rows, 240, vocab=vocab, n_train=640)
+  config = finetune_config(finetune_qa, tmp_path, _qa_rows, 240, vocab=vocab, n_train=640)
   result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
   print("qa:", result["final"])
   # Chance: one of ~10 passage words (spans of several pieces make it lower still).
@@ -307,8 +307,8 @@ def test_launchers_finetune_then_predict(pretrained_run, tmp_path):
   vocab = _task_vocab(tmp_path)
   rows = _keyword_rows(256, random.Random(0))
   rows.append({"text": " ".join(["we"] * 40 + ["good"]), "label": "pos"})  # Truncated.
-  train_file = _write_jsonl(tmp_path / "train.jsonl", rows)
-  dev_file = _write_jsonl(tmp_path / "dev.jsonl", _keyword_rows(64, random.Random(1)))
+  train_file = write_jsonl(tmp_path / "train.jsonl", rows)
+  dev_file = write_jsonl(tmp_path / "dev.jsonl", _keyword_rows(64, random.Random(1)))
   workdir = str(tmp_path / "run")
   model = {**{k: v for k, v in TASK_MODEL.items() if "dropout" not in k}, "num_hidden_layers": 1}
   result = _launch(
@@ -348,13 +348,13 @@ def test_launchers_finetune_then_predict(pretrained_run, tmp_path):
 
 def test_bad_input_names_the_file_and_line(tmp_path):
   vocab = _task_vocab(tmp_path)
-  config = _config(finetune_classification, tmp_path, _keyword_rows, 10, vocab=vocab)
+  config = finetune_config(finetune_classification, tmp_path, _keyword_rows, 10, vocab=vocab)
   with open(config.data.train_file, "a") as f:
     f.write("\n" + json.dumps({"text": "we saw it"}) + "\n")  # Line 322 (a blank line before).
   with pytest.raises(ValueError, match=r"train\.jsonl, line 322: missing field 'label'"):
     finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
 
-  records = finetune_data.read_records(_write_jsonl(tmp_path / "dev.jsonl", [
+  records = finetune_data.read_records(write_jsonl(tmp_path / "dev.jsonl", [
       {"text": "we saw it good", "label": "pos"}, {"text": "we bad", "label": "meh"}]))
   with pytest.raises(ValueError, match=r"dev\.jsonl, line 2: label 'meh' is not in the label"):
     finetune_data.encode("classification", records, Vocab.load(vocab), labels=["neg", "pos"])
@@ -368,7 +368,7 @@ def test_bad_input_names_the_file_and_line(tmp_path):
   with pytest.raises(ValueError, match=r"tags\.csv, line 3: 2 tags for 3 words"):
     finetune_data.encode("tagging", finetune_data.read_records(str(csv_file)), Vocab.load(vocab),
                          labels=["O", "B-PER"])
-  qa_file = _write_jsonl(tmp_path / "qa.jsonl", [
+  qa_file = write_jsonl(tmp_path / "qa.jsonl", [
       {"text": "who paid?", "text_b": "Bob paid.", "answers": [{"text": "Bob",
                                                                 "answer_start": 1}]}])
   with pytest.raises(ValueError, match=r"qa\.jsonl, line 1: answer 'Bob' is not at character 1"):
