@@ -385,7 +385,8 @@ def _decoded(value):
 
 
 def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Record]:
-  """Records of a TFDS dataset (needs it downloaded and prepared, e.g. with internet access):
+  """Records of a TFDS dataset through `tfds.data_source` (random access; it downloads and
+  prepares the dataset in ArrayRecord format on first use, so it needs internet access then):
   GLUE tasks, imdb_reviews, squad (v1.1 layout). Class labels keep their TFDS names."""
   import tensorflow_datasets as tfds
 
@@ -395,8 +396,8 @@ def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Record
                      f"{sorted(_TFDS_FIELDS)} (or export it to JSONL)")
   text_field, text_b_field = _TFDS_FIELDS[key]
   source = tfds.data_source(name, split=split, data_dir=data_dir)
-  label_feature = source.dataset_info.features.get("label") if key != "squad" else None
-  names = getattr(label_feature, "names", None)
+  features = source.dataset_info.features
+  names = getattr(features["label"], "names", None) if "label" in features.keys() else None
   records = []
   for index in range(len(source)):
     item = source[index]

@@ -12,7 +12,7 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import finetune, finetune_data, finetune_eval, predict, pretrained, train
+from bert_jax import finetune, finetune_data, finetune_eval, heads, predict, pretrained, train
 from bert_jax.data import prepare
 from bert_jax.data.vocab import Vocab, train_sentencepiece
 from configs import finetune_classification, finetune_qa, finetune_tagging, tiny
@@ -125,8 +125,9 @@ def _qa_rows(n, rng):
   return rows
 
 
-def finetune_config(module, tmp_path, task_rows, steps, *, vocab=None, init_from="", model=TASK_MODEL,
-            seq_len=32, learning_rate=2e-3, n_train=320, n_validation=64, seed=0):
+def finetune_config(module, tmp_path, task_rows, steps, *, vocab=None, init_from="",
+                    model=TASK_MODEL, seq_len=32, learning_rate=2e-3, n_train=320,
+                    n_validation=64, seed=0):
   """A fine-tuning config on fresh synthetic files (validation from another seed)."""
   os.makedirs(tmp_path, exist_ok=True)
   train_file = write_jsonl(tmp_path / "train.jsonl", task_rows(n_train, random.Random(seed)))
@@ -187,11 +188,12 @@ def category_config(tmp_path, pretrained_workdir, vocab_file, seed=0, **train_ov
                             "label": "animal" if w in ANIMALS else "object"}
                            for w in (rng.choice(words) for _ in range(n))]
 
-  config = finetune_config(finetune_classification, tmp_path, rows(ANIMALS[:6] + OBJECTS[:6]), 60,
-                   init_from=pretrained_workdir, vocab=None if pretrained_workdir else vocab_file,
-                   model=PRETRAIN_MODEL, seq_len=16, learning_rate=5e-4, n_train=256, seed=seed)
+  config = finetune_config(
+      finetune_classification, tmp_path, rows(ANIMALS[:6] + OBJECTS[:6]), 60,
+      init_from=pretrained_workdir, vocab=None if pretrained_workdir else vocab_file,
+      model=PRETRAIN_MODEL, seq_len=16, learning_rate=5e-4, n_train=256, seed=seed)
   write_jsonl(config.data.validation_file,
-               rows(ANIMALS[6:] + OBJECTS[6:])(128, random.Random(seed + 1)))
+              rows(ANIMALS[6:] + OBJECTS[6:])(128, random.Random(seed + 1)))
   config.train.update(train_overrides)
   return config
 
@@ -238,13 +240,14 @@ def category_tags(words):
 def test_frozen_encoder_stays_bitwise_unchanged(pretrained_run, tmp_path):
   """Head-only training on frozen pretrained features: they already separate animals from
   objects, so the tagger transfers to held-out words while the encoder stays bit-identical."""
-  workdir, _ = pretrained_run
-  _, params, _ = pretrained.load_pretrained(workdir)
-  config = finetune_config(finetune_tagging, tmp_path, category_tags(ANIMALS[:6] + OBJECTS[:6]), 60,
-                   init_from=workdir, model=PRETRAIN_MODEL, seq_len=16, learning_rate=1e-2,
-                   n_train=256)
+  model_config, params, vocab = pretrained.load_pretrained(pretrained_run[0])
+  hf_dir = str(tmp_path / "hf")  # The encoder comes in through a HuggingFace export here.
+  pretrained.save_hf(hf_dir, params, model_config, vocab)
+  config = finetune_config(finetune_tagging, tmp_path, category_tags(ANIMALS[:6] + OBJECTS[:6]),
+                           60, init_from=hf_dir, model=PRETRAIN_MODEL, seq_len=16,
+                           learning_rate=1e-2, n_train=256)
   write_jsonl(config.data.validation_file,
-               category_tags(ANIMALS[6:] + OBJECTS[6:])(128, random.Random(1)))
+              category_tags(ANIMALS[6:] + OBJECTS[6:])(128, random.Random(1)))
   config.train.freeze_encoder = True
   result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
   print("frozen-encoder tagging of held-out words:", result["final"])
@@ -296,6 +299,11 @@ def test_qa_learns_spans_and_maps_them_to_characters(tmp_path):
 # ------------------------------------------------------------------------------ launchers
 
 
+def _params_config_vocab(path):
+  config, params, vocab = pretrained.load_pretrained(path)
+  return params, config, vocab
+
+
 def _launch(script, *args):
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
              JAX_PLATFORMS="cpu")
@@ -334,7 +342,9 @@ def test_launchers_finetune_then_predict(pretrained_run, tmp_path):
   assert predicted.returncode == 0, predicted.stderr[-3000:]
   assert json.loads(predicted.stdout.strip().splitlines()[-1])["label"] == "neg"
 
-  filled = _launch("predict.py", "--mode=fill_mask", f"--checkpoint={pretrained_run[0]}",
+  bert_jax_dir = pretrained.save_pretrained(str(tmp_path / "pretrained"),
+                                            *_params_config_vocab(pretrained_run[0]))
+  filled = _launch("predict.py", "--mode=fill_mask", f"--checkpoint={bert_jax_dir}",
                    "--text=the [MASK] sat on the mat .", "--top_k=3")
   assert filled.returncode == 0, filled.stderr[-3000:]
   print(filled.stdout)
@@ -399,6 +409,28 @@ def test_long_text_is_truncated_and_counted(tmp_path):
 
 
 # --------------------------------------------------------------- tokenization and metrics
+
+
+def test_regression_labels_loss_and_scores(tmp_path):
+  vocab = Vocab.load(_task_vocab(tmp_path))
+  csv_file = tmp_path / "scores.csv"
+  csv_file.write_text("text,text_b,label\nwe saw it,good,0.5\nwe went home,,-1.25\n")
+  data = finetune_data.encode("classification", finetune_data.read_records(str(csv_file)),
+                              vocab, labels=["score"], regression=True)
+  np.testing.assert_array_equal(data.arrays["labels"], np.float32([0.5, -1.25]))
+  assert data.arrays["token_type_ids"][0].max() == 1 and data.arrays["token_type_ids"][1].max() == 0
+  outputs = np.float32([[1.0], [-1.0]])
+  sums = heads.loss_sums("classification", outputs, data.arrays, num_labels=1)
+  assert float(sums["loss_sum"]) == pytest.approx(0.25 + 0.0625)
+  predicted = finetune_eval.predictions("classification", {"logits": outputs}, data, ["score"])
+  assert predicted == [{"score": 1.0}, {"score": -1.0}]
+  scores = finetune_eval.score("classification", predicted, data, ["score"])
+  assert scores["mse"] == pytest.approx((0.25 + 0.0625) / 2) and scores["pearson"] == 1.0
+  with pytest.raises(ValueError, match=r"scores\.csv, line 2: regression label 'x'"):
+    csv_file.write_text("text,label\nwe saw it,x\n")
+    finetune_data.encode("classification", finetune_data.read_records(str(csv_file)), vocab,
+                         labels=["score"], regression=True)
+
 
 
 def test_qa_positions_and_offsets_follow_the_pieces(tmp_path):
