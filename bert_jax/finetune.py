@@ -438,6 +438,9 @@ def _loop(config, state, step_fn, eval_fn, rng, splits: Splits, mesh, writer, ch
       writer.write(step, "validation", final)
       writer.log(f"eval step {step}: " + " ".join(
           f"{k} {v:.4f}" for k, v in final.items() if k != "examples"))
+      if best_metric not in final:
+        raise ValueError(f"config.train.best_metric={best_metric!r} is not a metric of this "
+                         f"task; use one of {sorted(k for k in final if k != 'examples')}")
       if final[best_metric] > best[best_metric]:
         best = {"step": step, **final}
         _save(checkpoints, step, state.params, {**meta, "step": step, "metrics": final})

@@ -170,13 +170,14 @@ def _label_index(record: Record, value: Any, labels: dict[str, int]) -> int:
 def _classification(records, vocab, labels, max_length, with_labels, regression) -> TaskData:
   index = {name: i for i, name in enumerate(labels)}
   columns: dict[str, list] = {"input_ids": [], "token_type_ids": [], "attention_mask": []}
-  gold, examples, truncated = [], [], 0
-  for record in records:
-    text, text_b = _field(record, "text"), _text_b(record)
-    specials = 3 if text_b else 2
-    if len(vocab.encode(text)) + (len(vocab.encode(text_b)) if text_b else 0) + specials \
-        > max_length:
-      truncated += 1
+  gold, examples = [], []
+  texts = [(_field(record, "text"), _text_b(record)) for record in records]
+  # Lengths first (batched), to count what encode_pair's truncation shortens.
+  lengths_a = [len(ids) for ids in vocab.encode_batch([a for a, _ in texts])]
+  lengths_b = [len(ids) for ids in vocab.encode_batch([b or "" for _, b in texts])]
+  truncated = sum(a + b + (3 if text_b else 2) > max_length
+                  for a, b, (_, text_b) in zip(lengths_a, lengths_b, texts))
+  for record, (text, text_b) in zip(records, texts):
     for name, value in encode_pair(vocab, text, text_b, max_length).items():
       columns[name].append(value)
     example: dict[str, Any] = {"line": record[1]}

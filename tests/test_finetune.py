@@ -270,7 +270,7 @@ def test_frozen_encoder_stays_bitwise_unchanged(pretrained_run, tmp_path):
 
 def test_tagging_learns_bio_entities_on_first_pieces(tmp_path):
   vocab = _task_vocab(tmp_path)
-  config = finetune_config(finetune_tagging, tmp_path, _tagging_rows, 80, vocab=vocab)
+  config = finetune_config(finetune_tagging, tmp_path, _tagging_rows, 60, vocab=vocab)
   result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
   print("tagging:", result["final"])
   # Chance: 5 tags; always "O" gets no entity at all (entity F1 0).
@@ -283,7 +283,7 @@ def test_tagging_learns_bio_entities_on_first_pieces(tmp_path):
 
 def test_qa_learns_spans_and_maps_them_to_characters(tmp_path):
   vocab = _task_vocab(tmp_path)
-  config = finetune_config(finetune_qa, tmp_path, _qa_rows, 240, vocab=vocab, n_train=640)
+  config = finetune_config(finetune_qa, tmp_path, _qa_rows, 200, vocab=vocab, n_train=640)
   result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
   print("qa:", result["final"])
   # Chance: one of ~10 passage words (spans of several pieces make it lower still).
@@ -433,8 +433,18 @@ def test_regression_labels_loss_and_scores(tmp_path):
 
 
 
-def test_qa_positions_and_offsets_follow_the_pieces(tmp_path):
+def test_labels_and_offsets_follow_the_pieces(tmp_path):
   vocab = Vocab.load(_task_vocab(tmp_path))
+  tagged = finetune_data.encode("tagging", [("t", 1, {"text": "Bob paid 4096 .",
+                                                      "tags": ["B-PER", "O", "B-NUM", "O"]})],
+                                vocab, labels=["O", "B-PER", "B-NUM"], max_length=12)
+  pieces = [vocab.id_to_piece(i) for i in tagged.arrays["input_ids"][0]]
+  assert pieces[:9] == ["[CLS]", "Bob", "paid", "4", "##0", "##9", "##6", ".", "[SEP]"]
+  # Labels on each word's first piece only; continuation pieces and specials weigh 0.
+  np.testing.assert_array_equal(tagged.arrays["label_weights"][0][:9], [0, 1, 1, 1, 0, 0, 0, 1, 0])
+  np.testing.assert_array_equal(tagged.arrays["labels"][0][:8], [0, 1, 0, 2, 0, 0, 0, 0])
+  assert tagged.examples[0]["word_positions"] == [1, 2, 3, 7]
+
   context = "Carol Jones paid 4096, then 7 friends went home."
   records = [("q", 1, {"text": "how many?", "text_b": context,
                        "answers": [{"text": "4096", "answer_start": 17}]})]
