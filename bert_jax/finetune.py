@@ -6,8 +6,9 @@ sharded over the pretraining mesh, evaluation at intervals, the best checkpoint 
   model config, vocabulary, lengths), self-contained for `bert_jax.predict`;
 - `metrics.jsonl` (train and validation records, as pretraining), TensorBoard summaries;
 - `final_eval.json`: the last evaluation, the best one and the data counts.
-With `config.train.freeze_encoder` the encoder gets `optax.set_to_zero` (no optimizer state) and
-its params are carried over untouched, so they stay bit-identical.
+With `config.train.freeze_encoder` the encoder (everything under params["bert"], the pooler too)
+gets `optax.set_to_zero` (no optimizer state) and its params are carried over untouched, so they
+stay bit-identical.
 """
 
 from __future__ import annotations
@@ -34,10 +35,14 @@ from bert_jax import optimizer as optimizer_lib, sharding
 from bert_jax.data.vocab import Vocab
 from bert_jax.metrics_writer import MetricWriter
 from bert_jax.model import BertConfig
+from bert_jax.pretrained import load_pretrained
 from bert_jax.steps import TrainState
 
-ENCODER = "bert"  # Name of the encoder submodule in every head model.
+ENCODER = "bert"  # Name of the encoder submodule in every head model (pooler included).
 FINAL_EVAL_FILE = "final_eval.json"
+# The config.train fields that the compiled train step depends on.
+OPTIMIZER_FIELDS = ("optimizer", "learning_rate", "warmup_steps", "num_train_steps",
+                    "weight_decay", "b1", "b2", "eps", "max_grad_norm", "freeze_encoder")
 
 
 @dataclasses.dataclass
@@ -54,8 +59,6 @@ def load_encoder(config) -> Encoder:
   or a from-scratch config whose vocabulary comes from `config.vocab`."""
   dtype = config.model.dtype
   if config.init_from:
-    from bert_jax.pretrained import load_pretrained  # Local: imports torch lazily.
-
     model_config, params, vocab = load_pretrained(config.init_from)
     if vocab is None:
       if not config.vocab:
@@ -99,9 +102,8 @@ def load_splits(config, vocab: Vocab) -> Splits:
   if not (config.data.train_file or config.data.tfds_name):
     raise ValueError("No training data: set --config.data.train_file (or data.tfds_name)")
   train_records = _records(config, "train")
-  labels = finetune_data.label_set(config.task, train_records, config.data.labels)
-  if config.data.regression:
-    labels = ["score"]
+  labels = (["score"] if config.data.regression else
+            finetune_data.label_set(config.task, train_records, config.data.labels))
   encode = functools.partial(
       finetune_data.encode, config.task, vocab=vocab, labels=labels,
       max_length=config.data.max_seq_length, max_query_length=config.data.max_query_length,
@@ -203,8 +205,8 @@ def _params_init(model: nn.Module, task: str, seq_len: int, mesh, rules):
 @functools.lru_cache(maxsize=4)
 def program(model: nn.Module, task: str, num_labels: int, seq_len: int,
             train_items: tuple[tuple[str, Any], ...], mesh, rules) -> Program:
-  """The jitted functions of a run. Cached on hashable arguments (`train_items` is
-  `sorted(config.train.items())`), so runs that differ only in data or in the encoder's
+  """The jitted functions of a run. Cached on hashable arguments (`train_items`: the
+  `OPTIMIZER_FIELDS` of config.train), so runs that differ only in data or in the encoder's
   starting point (pretrained or not) reuse one compilation, as a sweep in one process would."""
   train_config = ml_collections.ConfigDict(dict(train_items))
   optimizer = make_optimizer(train_config)
@@ -348,7 +350,7 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   _log_setup(writer, config, encoder, splits)
   rules = sharding.logical_rules(config.mesh)
   compiled = program(model, config.task, num_labels, config.data.max_seq_length,
-                     tuple(sorted(config.train.items())), mesh, rules)
+                     tuple((k, config.train[k]) for k in OPTIMIZER_FIELDS), mesh, rules)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     init_key, dropout_key = jax.random.split(jax.random.key(config.seed))
     params = _with_pretrained_encoder(compiled.init_params(init_key), encoder,
