@@ -31,6 +31,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.layer_norm_eps = 1e-12  # LayerNorm epsilon, as in the original BERT.
   config.model.dtype = "float32"  # Compute dtype: "float32" or "bfloat16".
   config.model.param_dtype = "float32"  # Parameter (and optimizer state) dtype.
+  config.model.dropout_rng = "hash"  # Dropout mask bits: "hash" (keyed counter hash, several
+  #                                    times cheaper on CPU) or "threefry" (jax.random.bits).
 
   # ---------------------------------------------------------------- data
   config.data = ml_collections.ConfigDict()
