@@ -37,26 +37,6 @@ def _mask_batch(rng, batch: dict, masking_config: MaskingConfig) -> dict:
   return {**batch, **mask_tokens(rng, batch["input_ids"], masking_config, word_starts)}
 
 
-def _mlm_sums(mlm_logits, masked_lm_ids, masked_lm_weights) -> dict[str, jax.Array]:
-  """`losses.mlm_sums` (same values) in a form XLA:CPU runs faster on [B, P, V] logits: the
-  target logit by a one-hot select, whose gradient fuses into the softmax gradient (a
-  `take_along_axis` transposes to a scatter into a [B, P, V] zeros buffer), and the argmax as the
-  first index reaching the row max (two vectorised reductions instead of a (value, index) one)."""
-  logits = mlm_logits.astype(jnp.float32)  # [B, P, V]
-  labels = masked_lm_ids.astype(jnp.int32)  # [B, P]
-  vocab = jax.lax.broadcasted_iota(jnp.int32, logits.shape, logits.ndim - 1)  # [B, P, V]
-  label_logit = jnp.sum(jnp.where(vocab == labels[..., None], logits, 0.0), axis=-1)  # [B, P]
-  nll = jax.nn.logsumexp(logits, axis=-1) - label_logit  # [B, P]
-  row_max = jax.lax.stop_gradient(jnp.max(logits, axis=-1, keepdims=True))  # [B, P, 1]
-  argmax = jnp.min(jnp.where(logits == row_max, vocab, logits.shape[-1]), axis=-1)  # [B, P]
-  weights = masked_lm_weights.astype(jnp.float32)
-  return {
-      "mlm_loss_sum": jnp.sum(nll * weights),
-      "mlm_correct_sum": jnp.sum((argmax == labels).astype(jnp.float32) * weights),
-      "mlm_count": jnp.sum(weights),
-  }
-
-
 def _forward(model, params, batch, deterministic, dropout_rng=None):
   rngs = None if deterministic else {"dropout": dropout_rng}
   return model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"],
@@ -90,8 +70,8 @@ def train_step(state: TrainState, batch: dict, rng, *, model: nn.Module,
 
   def loss_fn(params, micro, micro_rng):
     outputs = _forward(model, params, micro, deterministic=False, dropout_rng=micro_rng)
-    sums = {**_mlm_sums(outputs["mlm_logits"], micro["masked_lm_ids"],
-                        micro["masked_lm_weights"]),
+    sums = {**losses.mlm_sums(outputs["mlm_logits"], micro["masked_lm_ids"],
+                              micro["masked_lm_weights"]),
             **losses.nsp_sums(outputs["nsp_logits"], micro["next_sentence_label"])}
     return sums["mlm_loss_sum"] / mlm_total + sums["nsp_loss_sum"] / nsp_total, sums
 
