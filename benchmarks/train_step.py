@@ -12,10 +12,13 @@ dropout 0.1 (train mode), MLM + NSP loss, backward, global-norm clipping (1.0) a
     (`--hf_flax_python`), with the same loss at all positions, `optax.adamw` behind
     `clip_by_global_norm`, jitted with the state donated. Masking done beforehand (free for it).
 Each implementation runs in its own worker process (JSON commands over stdin/stdout), so the
-three are measured alternately, in one run, on the same machine state: every repetition times
-`--steps` steps of each worker (order rotated), the tables give medians. The bert_jax worker also
-measures the f32 matmul peak (`bert_jax.flops.measure_matmul_peak`) in every repetition; MFU is
-achieved FLOP/s over its median. FLOPs (`bert_jax/flops.py`, bidirectional attention):
+three are measured alternately, in one run, on the same machine state: after compilation and a
+warm-up step, every repetition times each worker (order rotated) for as many steps as fill
+`--seconds_per_rep`; the tables give medians. The bert_jax worker also measures the f32 matmul
+peak (`bert_jax.flops.measure_matmul_peak`) in every repetition; MFU is achieved FLOP/s over its
+median. Each row also records the process CPU seconds per step (less sensitive to other load on
+the machine than wall time, for comparing bert_jax variants; not across implementations: torch's
+OpenMP threads spin) and the load average: on a shared machine, rerun when it is above ~1.5. FLOPs (`bert_jax/flops.py`, bidirectional attention):
 "useful" = the work BERT pretraining needs (MLM head at the P targets); "actual" = the work the
 implementation does (HF: the vocabulary projection at all L positions).
 Compile: lower + compile (JAX), first step (PyTorch, eager). Peak RSS: the worker's high-water
@@ -28,7 +31,7 @@ Suites: `compare` (the three side by side: small and base at B=8 L=128, base at 
 Run (the HF Flax venv: python3.11 -m venv /work/venv-hf4 && /work/venv-hf4/bin/pip install
 "jax==0.10.2" "flax==0.12.8" "optax==0.2.8" "transformers==4.57.*"):
   .venv/bin/python benchmarks/train_step.py --suite=all --hf_flax_python=/work/venv-hf4/bin/python
-  .venv/bin/python benchmarks/train_step.py --suite=compare --shapes=base:8:128 --reps=5
+  .venv/bin/python benchmarks/train_step.py --suite=compare --shapes=base:8:128 --reps=7
 """
 
 import argparse
@@ -355,9 +358,10 @@ def flops_per_step(size: str, batch: int, length: int, predictions: int) -> floa
   return batch * flops.train_flops_per_sequence(config, length, predictions)
 
 
-def measure(shape: str, kinds: list[str], pythons: dict[str, str], reps: int, steps: int,
-            env: dict) -> list[dict]:
-  """Sets up one worker per kind on `shape`, then times them alternately; one row per kind."""
+def measure(shape: str, kinds: list[str], pythons: dict[str, str], reps: int,
+            seconds_per_rep: float, env: dict) -> list[dict]:
+  """Sets up one worker per kind on `shape`, then times them alternately; one row per kind.
+  Each worker runs as many steps per repetition as fill `seconds_per_rep` (at least one)."""
   size, batch, length = parse_shape(shape)
   predictions = num_predictions(length)
   workers = {kind: Worker(kind, pythons[kind], env if kind == "bert_jax" else None)
@@ -365,12 +369,17 @@ def measure(shape: str, kinds: list[str], pythons: dict[str, str], reps: int, st
   try:
     setups = {kind: w.call("setup", model=MODELS[size], batch=batch, length=length,
                            predictions=predictions) for kind, w in workers.items()}
+    steps = {kind: max(1, round(seconds_per_rep / w.call("run", steps=1)["seconds"]))
+             for kind, w in workers.items()}
     times: dict[str, list[float]] = {kind: [] for kind in kinds}
+    cpu_times: dict[str, list[float]] = {kind: [] for kind in kinds}
     peaks: list[float] = []
     order = list(kinds)
     for rep in range(reps):
       for kind in order[rep % len(order):] + order[:rep % len(order)]:
-        times[kind].append(workers[kind].call("run", steps=steps)["seconds"])
+        result = workers[kind].call("run", steps=steps[kind])
+        times[kind].append(result["seconds"])
+        cpu_times[kind].append(result["cpu_seconds"])
       if "bert_jax" in workers:
         peaks.append(workers["bert_jax"].call("peak")["flops"])
     rss = {kind: w.call("peak")["peak_rss_mb"] for kind, w in workers.items()}
@@ -386,8 +395,10 @@ def measure(shape: str, kinds: list[str], pythons: dict[str, str], reps: int, st
     actual = useful if kind == "bert_jax" else flops_per_step(size, batch, length, length)
     rows.append({
         "benchmark": "train_step", "impl": kind, "model": size, "batch": batch,
-        "length": length, "predictions": predictions, "reps": reps, "steps_per_rep": steps,
-        "step_s": round(seconds, 4), "step_s_all": [round(t, 4) for t in times[kind]],
+        "length": length, "predictions": predictions, "reps": reps,
+        "steps_per_rep": steps[kind], "step_s": round(seconds, 4),
+        "step_s_all": [round(t, 4) for t in times[kind]],
+        "cpu_s_per_step": round(statistics.median(cpu_times[kind]), 3),
         "tokens_per_s": round(batch * length / seconds, 1),
         "useful_gflop_per_step": round(useful / 1e9, 2),
         "actual_gflop_per_step": round(actual / 1e9, 2),
@@ -400,6 +411,7 @@ def measure(shape: str, kinds: list[str], pythons: dict[str, str], reps: int, st
         "peak_rss_mb": round(rss[kind]),
         "xla_gflop_per_step": round(setups[kind].get("xla_flops", 0.0) / 1e9, 2) or None,
         "versions": setups[kind]["versions"],
+        "load_avg_1min": round(os.getloadavg()[0], 2),
         "xla_flags": env.get("XLA_FLAGS", "") if kind == "bert_jax" else None,
     })
   return rows
@@ -429,8 +441,9 @@ def main() -> None:
   parser.add_argument("--impls", default="bert_jax,hf_torch,hf_flax")
   parser.add_argument("--hf_flax_python", default="/work/venv-hf4/bin/python",
                       help="python of a venv with transformers<5 (FlaxBertForPreTraining)")
-  parser.add_argument("--reps", type=int, default=7, help="alternating repetitions")
-  parser.add_argument("--steps", type=int, default=2, help="steps per repetition")
+  parser.add_argument("--reps", type=int, default=5, help="alternating repetitions")
+  parser.add_argument("--seconds_per_rep", type=float, default=3.0,
+                      help="steps per repetition: as many as fill this (at least one)")
   parser.add_argument("--xla_flags", default=None,
                       help="XLA_FLAGS for the bert_jax worker (default: the environment's)")
   parser.add_argument("--output", default=RESULTS)
@@ -451,13 +464,14 @@ def main() -> None:
   rows = []
   if args.suite in ("compare", "all"):
     for shape in (args.shapes.split(",") if args.shapes else COMPARE_SHAPES):
-      rows += measure(shape, kinds, pythons, args.reps, args.steps, env)
+      rows += measure(shape, kinds, pythons, args.reps, args.seconds_per_rep, env)
       print_compare(rows)
   if args.suite in ("scaling", "all"):
     scaling = []
     for shape in (args.shapes.split(",") if args.shapes and args.suite == "scaling"
                   else SCALING_SHAPES):
-      scaling += measure(shape, ["bert_jax"], pythons, max(3, args.reps // 2), args.steps, env)
+      scaling += measure(shape, ["bert_jax"], pythons, max(3, args.reps - 2),
+                         args.seconds_per_rep, env)
       print_compare(scaling)
     for row in scaling:
       row["benchmark"] = "train_step_scaling"
