@@ -18,9 +18,10 @@ warm-up step, every repetition times each worker (order rotated) for as many ste
 peak (`bert_jax.flops.measure_matmul_peak`) in every repetition; MFU is achieved FLOP/s over its
 median. Each row also records the process CPU seconds per step (less sensitive to other load on
 the machine than wall time, for comparing bert_jax variants; not across implementations: torch's
-OpenMP threads spin) and the load average: on a shared machine, rerun when it is above ~1.5. FLOPs (`bert_jax/flops.py`, bidirectional attention):
-"useful" = the work BERT pretraining needs (MLM head at the P targets); "actual" = the work the
-implementation does (HF: the vocabulary projection at all L positions).
+OpenMP threads spin) and the load average: on a shared machine, rerun when it is above ~1.5.
+FLOPs (`bert_jax/flops.py`, bidirectional attention): "useful" = the work BERT pretraining needs
+(MLM head at the P targets); "actual" = the work the implementation does (HF: the vocabulary
+projection at all L positions).
 Compile: lower + compile (JAX), first step (PyTorch, eager). Peak RSS: the worker's high-water
 mark (setup, compile and the timed steps).
 
