@@ -61,9 +61,15 @@ def get_config() -> ml_collections.ConfigDict:
   config.train = ml_collections.ConfigDict()
   config.train.batch_size = 256  # Global batch size (sequences per optimizer step).
   config.train.num_train_steps = 1_000_000  # Optimizer steps.
-  config.train.optimizer = "adamw"  # "adamw" (BERT's) or "lamb".
-  config.train.learning_rate = 1e-4  # Peak learning rate, reached after warmup.
-  config.train.warmup_steps = 10_000  # Linear warmup from 0, then linear decay to 0.
+  # "bert_adamw": google-research/bert's AdamWeightDecayOptimizer (no bias correction, eps
+  # outside the sqrt, decoupled decay); "adamw": optax's bias-corrected AdamW; "lamb".
+  config.train.optimizer = "bert_adamw"
+  # "bert": the original's lr = peak * (1 - t/T) over all T steps, replaced by peak * t/W during
+  # warmup (0.9 * peak right after a 10% warmup); "warmup_linear": warmup, then peak -> 0 over
+  # the T - W steps after it.
+  config.train.schedule = "bert"
+  config.train.learning_rate = 1e-4  # Peak learning rate.
+  config.train.warmup_steps = 10_000  # Steps W of linear warmup from 0.
   config.train.weight_decay = 0.01  # Decoupled weight decay; not on LayerNorm or biases.
   config.train.b1 = 0.9  # Adam beta1.
   config.train.b2 = 0.999  # Adam beta2.
