@@ -6,7 +6,9 @@ F intermediate size, P predictions per sequence, V vocabulary size.
 
 Every parameter carries logical axis names (see the constants below); `bert_jax/sharding.py`
 maps them onto the device mesh with the rules in `config.mesh.logical_axis_rules`.
-Softmax, LayerNorm statistics and the logits are computed in float32 whatever `dtype` is.
+Whatever the compute `dtype` (e.g. bfloat16): softmax and LayerNorm statistics run in float32,
+and the MLM and NSP logits come out of their matmuls in float32 (inputs in `dtype`, float32
+accumulation and output), so the losses never see bf16-rounded logits.
 """
 
 import dataclasses
@@ -214,8 +216,12 @@ class Embeddings(nn.Module):
     return _dropout(self, x, self.config.hidden_dropout_prob, deterministic)
 
   def attend(self, x):
-    """Scores of hidden states against every token embedding (the tied MLM decoder)."""
-    return self.word_embeddings.attend(x)  # [..., V]
+    """Scores of hidden states [..., H] against every token embedding (the tied MLM decoder)
+    -> [..., V] float32: `dtype` inputs, float32 accumulation and output."""
+    c = self.config
+    table = self.word_embeddings.embedding  # [V, H]
+    return jnp.einsum("...h,vh->...v", x.astype(c.dtype), table.astype(c.dtype),
+                      preferred_element_type=jnp.float32)
 
 
 class _Einsum(nn.Module):
@@ -283,10 +289,13 @@ class Layer(nn.Module):
 
 
 def attention_bias_from_mask(attention_mask, dtype=jnp.float32):
-  """[B, L] 1/0 padding mask -> additive bias [B, 1, 1, L]: 0 for keys to attend, a large
-  negative finite value for padding (finite, so a fully padded row gives no NaN)."""
-  big_negative = jnp.finfo(dtype).min
-  return jnp.where(attention_mask[:, None, None, :] > 0, 0.0, big_negative).astype(dtype)
+  """[B, L] 1/0 padding mask -> additive bias [B, 1, 1, L] in `dtype`: 0 for keys to attend,
+  -0.7 x the largest finite value of `dtype` for padding (as jax.nn.dot_product_attention's own
+  mask value). It stays finite in `dtype` (finfo.min itself rounds to -inf in bfloat16) and in
+  the float32 scores it is added to, so a row whose keys are all padding gets a uniform softmax
+  instead of NaN."""
+  mask_value = -0.7 * float(jnp.finfo(dtype).max)
+  return jnp.where(attention_mask[:, None, None, :] > 0, 0.0, mask_value).astype(dtype)
 
 
 class BertModel(nn.Module):
@@ -307,7 +316,7 @@ class BertModel(nn.Module):
       token_type_ids = jnp.zeros_like(input_ids)
     if attention_mask is None:
       attention_mask = jnp.ones_like(input_ids)
-    bias = attention_bias_from_mask(attention_mask)  # [B, 1, 1, L], built once.
+    bias = attention_bias_from_mask(attention_mask, self.config.dtype)  # [B, 1, 1, L], once.
     x = self.embeddings(input_ids, token_type_ids, deterministic)  # [B, L, H]
     x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
     for layer in self.layers:
@@ -334,7 +343,7 @@ class MaskedLMHead(nn.Module):
     h = _dense(c, c.hidden_size, (EMBED, None), "transform")(hidden)
     h = LayerNorm(c, name="transform_LayerNorm")(_ACTIVATIONS[c.hidden_act](h))
     bias = self.param("bias", _zeros((VOCAB,)), (c.vocab_size,), c.param_dtype)
-    logits = bert.attend(h).astype(jnp.float32)  # [B, P, V]
+    logits = bert.attend(h)  # [B, P, V] f32
     return logits + bias.astype(jnp.float32)
 
 
@@ -345,7 +354,8 @@ class BertForPreTraining(nn.Module):
   def setup(self):
     self.bert = BertModel(self.config, name="bert")
     self.mlm = MaskedLMHead(self.config, name="mlm")
-    self.nsp = _dense(self.config, 2, (EMBED, None), "nsp")
+    # Two outputs: computed in float32 outright (the cost is nil).
+    self.nsp = _dense(dataclasses.replace(self.config, dtype=jnp.float32), 2, (EMBED, None), "nsp")
 
   def __call__(self, input_ids, token_type_ids, attention_mask, masked_lm_positions,
                deterministic: bool = True):
@@ -355,5 +365,5 @@ class BertForPreTraining(nn.Module):
     masked = gather_positions(sequence, masked_lm_positions)  # [B, P, H]
     return {
         "mlm_logits": self.mlm(masked, self.bert),
-        "nsp_logits": self.nsp(pooled).astype(jnp.float32),
+        "nsp_logits": self.nsp(pooled),
     }

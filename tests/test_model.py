@@ -243,3 +243,31 @@ def test_bfloat16_compute_keeps_f32_params_and_logits(random_model):
   # bf16 has ~3 significant digits: close, not equal.
   assert np.abs(np.asarray(out["nsp_logits"] - ref["nsp_logits"])).max() < 0.1
   assert config.param_dtype == jnp.float32
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("deterministic", [True, False])
+def test_all_padding_row_is_finite_and_padding_is_invisible(random_model, dtype, deterministic):
+  """A row whose attention_mask is all 0 (packing and fine-tuning batches have them) gives
+  finite outputs in bf16 too, on the fused (deterministic) and the dropout attention paths;
+  what sits in padded positions never changes the outputs of real ones."""
+  _, params = random_model
+  config = BertConfig(**SMALL, dtype=dtype)
+  model = BertForPreTraining(config)
+  ids, types, mask, positions = _batch()
+  mask[1] = 0  # Row 1: every key is padding.
+  rngs = None if deterministic else {"dropout": jax.random.key(3)}
+  out = model.apply({"params": params}, ids, types, mask, positions,
+                    deterministic=deterministic, rngs=rngs)
+  assert np.isfinite(np.asarray(out["mlm_logits"])).all()
+  assert np.isfinite(np.asarray(out["nsp_logits"])).all()
+
+  ids, types, mask, positions = _batch()  # Row 1 padded from position 12 on.
+  padded = ids.copy()
+  padded[1, 12:] = 77
+  other = model.apply({"params": params}, padded, types, mask, positions,
+                      deterministic=deterministic, rngs=rngs)
+  ref = model.apply({"params": params}, ids, types, mask, positions,
+                    deterministic=deterministic, rngs=rngs)
+  np.testing.assert_array_equal(other["mlm_logits"], ref["mlm_logits"])
+  np.testing.assert_array_equal(other["nsp_logits"], ref["nsp_logits"])
