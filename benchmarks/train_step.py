@@ -118,8 +118,8 @@ class BertJaxWorker:
     model = BertForPreTraining(model_config)
     optimizer = optimizer_lib.make_optimizer(config.train)
     masking = MaskingConfig.from_config(config.masking, vocab_size=config.model.vocab_size,
-                                        mask_token_id=MASK, special_token_ids=(PAD, 1, CLS, SEP,
-                                                                               MASK))
+                                        mask_token_id=MASK,
+                                        special_token_ids=(PAD, 1, CLS, SEP, MASK), unk_token_id=1)
     host = make_batch(batch, length, predictions)
     host = {k: host[k] for k in ("input_ids", "token_type_ids", "attention_mask", "word_starts",
                                  "next_sentence_label")}

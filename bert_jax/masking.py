@@ -2,11 +2,13 @@
 
 `mask_tokens` follows google-research/bert `create_masked_lm_predictions`: per sequence
 `num_to_predict = min(max_predictions_per_seq, max(1, round(n_eligible * mask_prob)))` targets are
-drawn uniformly without replacement among the eligible positions (not a special token, padding
-included), or, with whole-word masking, whole words are taken in random order, skipping any word
+drawn uniformly without replacement among the eligible positions (any token but the control
+tokens [PAD], [CLS], [SEP], [MASK]; [UNK] is eligible, as the original selects every token but
+[CLS] and [SEP]), or, with whole-word masking, whole words are taken in random order, skipping any word
 that would overshoot `num_to_predict`. Each selected token then gets its own 80/10/10 draw. Two
 deliberate differences from the original: `n_eligible` counts only maskable tokens (the original
-also counts [CLS] and [SEP]), and a random replacement is drawn among non-special ids only.
+also counts [CLS] and [SEP]), and a random replacement is drawn among non-control ids only
+([UNK] included; the original draws any vocabulary entry).
 
 Everything is a pure function of (rng, inputs) with static shapes, so it runs inside the jitted
 train step (and under vmap) with no host round trip. Masking is dynamic: the train step derives a
@@ -27,8 +29,10 @@ import numpy as np
 class MaskingConfig:
   """The masking policy; frozen and hashable so it can be a static argument of `jax.jit`.
 
-  `special_token_ids` (pad, [CLS], [SEP], [MASK], [UNK], any others) are never selected and never
-  drawn as random replacements; they are stored sorted and de-duplicated.
+  `special_token_ids` (the control tokens: pad, [CLS], [SEP], [MASK], any others) are never
+  selected and never drawn as random replacements; they are stored sorted and de-duplicated.
+  [UNK] is not one of them: it is selected (and drawn) like any word piece, as in
+  google-research/bert, so the model learns to predict it; `from_config` takes it out.
   """
   vocab_size: int
   mask_token_id: int
@@ -95,12 +99,13 @@ class MaskingConfig:
 
   @classmethod
   def from_config(cls, masking_cfg: ml_collections.ConfigDict, vocab_size: int,
-                  mask_token_id: int, special_token_ids) -> "MaskingConfig":
-    """Builds the policy from the `config.masking` section plus the vocabulary's ids."""
+                  mask_token_id: int, special_token_ids, unk_token_id: int) -> "MaskingConfig":
+    """Builds the policy from the `config.masking` section plus the vocabulary's ids: all of its
+    special ids (`Vocab.special_ids`) but [UNK] become the never-masked control tokens."""
     return cls(
         vocab_size=vocab_size,
         mask_token_id=mask_token_id,
-        special_token_ids=tuple(special_token_ids),
+        special_token_ids=tuple(t for t in special_token_ids if t != unk_token_id),
         mask_prob=masking_cfg.mask_prob,
         max_predictions_per_seq=masking_cfg.max_predictions_per_seq,
         mask_token_prob=masking_cfg.mask_token_prob,
@@ -235,7 +240,7 @@ def mask_tokens(rng: jax.Array, input_ids: jax.Array, config: MaskingConfig,
   select_key, category_key, token_key = jax.random.split(rng, 3)
 
   special = jnp.asarray(config.special_token_ids, jnp.int32)
-  eligible = ~jnp.isin(input_ids, special)  # [B, L]; padding is one of the specials
+  eligible = ~jnp.isin(input_ids, special)  # [B, L]; padding is one of the specials, [UNK] not
   n_eligible = jnp.sum(eligible, axis=1, dtype=jnp.int32)  # [B]
   num_to_predict = jnp.asarray(_num_to_predict_table(length, config))[n_eligible]  # [B]
 

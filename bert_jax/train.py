@@ -44,6 +44,7 @@ class DataSpec:
   dataset_dir: str | None  # None for synthetic data.
   vocab_size: int
   mask_id: int
+  unk_id: int  # Selected for MLM like any token (the original does); the other specials not.
   special_ids: tuple[int, ...]
   vocab_dir: str | None
 
@@ -54,13 +55,13 @@ def resolve_data(config, workdir: str) -> DataSpec:
   if config.data.source == "synthetic":
     specials = _SYNTHETIC_SPECIALS
     return DataSpec("synthetic", None, config.model.vocab_size, specials["mask_id"],
-                    tuple(sorted(specials.values())), None)
+                    specials["unk_id"], tuple(sorted(specials.values())), None)
   if config.data.source == "builtin" and jax.process_index() == 0:
     pipeline.resolve_dataset(config, workdir)
   multihost_utils.sync_global_devices("bert_jax: dataset ready")
   dataset_dir, meta = pipeline.resolve_dataset(config, workdir)
   return DataSpec(config.data.source, dataset_dir, meta["vocab_size"], meta["mask_id"],
-                  tuple(sorted(set(meta["special_ids"]))),
+                  meta["unk_id"], tuple(sorted(set(meta["special_ids"]))),
                   os.path.join(dataset_dir, meta["vocab_dir"]))
 
 
@@ -220,7 +221,8 @@ def compile_report(config) -> dict[str, Any]:
   masking_config = MaskingConfig.from_config(
       config.masking, vocab_size=config.model.vocab_size,
       mask_token_id=_SYNTHETIC_SPECIALS["mask_id"],
-      special_token_ids=tuple(_SYNTHETIC_SPECIALS.values()))
+      special_token_ids=tuple(_SYNTHETIC_SPECIALS.values()),
+      unk_token_id=_SYNTHETIC_SPECIALS["unk_id"])
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
     state_shardings, abstract_state = state_shardings_and_shapes(config, model, optimizer, mesh)
     target = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
@@ -299,7 +301,7 @@ def _train_and_evaluate(config, workdir: str, preemption: "_PreemptionFlag") -> 
   optimizer = optimizer_lib.make_optimizer(config.train)
   masking_config = MaskingConfig.from_config(
       config.masking, vocab_size=data.vocab_size, mask_token_id=data.mask_id,
-      special_token_ids=data.special_ids)
+      special_token_ids=data.special_ids, unk_token_id=data.unk_id)
 
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     init_key, step_key = jax.random.split(jax.random.key(config.seed))

@@ -17,7 +17,7 @@ from configs import base
 # BERT's WordPiece ids: [PAD]=0, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103.
 VOCAB = 30522
 PAD, UNK, CLS, SEP, MASK = 0, 100, 101, 102, 103
-SPECIALS = (PAD, UNK, CLS, SEP, MASK)
+SPECIALS = (PAD, CLS, SEP, MASK)  # Never masked; [UNK] is selected like any token.
 CONFIG = MaskingConfig(vocab_size=VOCAB, mask_token_id=MASK, special_token_ids=SPECIALS)
 
 
@@ -74,20 +74,21 @@ def test_config_validation_and_from_config():
 
   # Specials are normalised (sorted, de-duplicated), so equal policies compare and hash equal.
   shuffled = MaskingConfig(vocab_size=VOCAB, mask_token_id=MASK,
-                           special_token_ids=[MASK, PAD, SEP, CLS, UNK, PAD])
+                           special_token_ids=[MASK, PAD, SEP, CLS, PAD])
   assert shuffled == CONFIG and hash(shuffled) == hash(CONFIG)
   assert shuffled.special_token_ids == tuple(sorted(SPECIALS))
 
   config = base.get_config()
   config.masking.max_predictions_per_seq = 7
   config.masking.whole_word_masking = True
-  built = MaskingConfig.from_config(config.masking, VOCAB, MASK, SPECIALS)
+  built = MaskingConfig.from_config(config.masking, VOCAB, MASK, SPECIALS + (UNK,),
+                                    unk_token_id=UNK)  # [UNK] is taken out of the specials.
   assert built == MaskingConfig(vocab_size=VOCAB, mask_token_id=MASK, special_token_ids=SPECIALS,
                                 mask_prob=0.15, max_predictions_per_seq=7, mask_token_prob=0.8,
                                 random_token_prob=0.1, whole_word_masking=True)
   incomplete = ml_collections.ConfigDict({"mask_prob": 0.15})
   with pytest.raises(AttributeError):  # No silent defaults: the config section is the truth.
-    MaskingConfig.from_config(incomplete, VOCAB, MASK, SPECIALS)
+    MaskingConfig.from_config(incomplete, VOCAB, MASK, SPECIALS, unk_token_id=UNK)
 
 
 # ---------------------------------------------------------------- determinism, jit, vmap
@@ -221,6 +222,12 @@ def test_specials_never_selected_ids_match_and_layout():
   corrupted_at = out["input_ids"][rows, positions]
   replaced = used & (corrupted_at != original_at) & (corrupted_at != MASK)
   assert not np.isin(corrupted_at[replaced], SPECIALS).any()
+  # [UNK] is a target as often as it is in the text (~20% of the eligible tokens here).
+  eligible = ~np.isin(ids, SPECIALS)
+  unk_share_of_text = (ids[eligible] == UNK).mean()
+  unk_share_of_targets = (original_at[used] == UNK).mean()
+  assert abs(unk_share_of_targets - unk_share_of_text) < 0.06, (unk_share_of_targets,
+                                                                 unk_share_of_text)
 
 
 @pytest.mark.parametrize("max_predictions", [20, 64])
@@ -340,7 +347,11 @@ def _make_word_batch(seed: int, batch: int, length: int, max_word: int):
     position, row_words = 1, []
     while position < budget:
       if rng.random() < 0.05:
-        ids[row, position] = UNK if rng.random() < 0.5 else SEP  # A special between words.
+        if rng.random() < 0.5:  # [UNK] is a one-piece word, eligible like any other.
+          ids[row, position], starts[row, position] = UNK, 1
+          row_words.append([position])
+        else:
+          ids[row, position] = SEP  # A control token between words.
         position += 1
         continue
       pieces = min(int(rng.integers(1, max_word + 1)), budget - position)
@@ -373,7 +384,7 @@ def test_whole_word_masking_never_splits_and_counts_like_the_original():
       # than the final count, so every word left out must overshoot from the final count too.
       if not hits:
         assert len(selected) + len(word) > num_to_predict, (row, word)
-    assert covered == selected  # Nothing outside the words ([CLS], [SEP], [UNK], padding).
+    assert covered == selected  # Nothing outside the words ([CLS], [SEP], padding).
     num_taken_any += bool(selected)
   assert num_taken_any >= 0.9 * ids.shape[0]  # Not vacuous (empty rows: no word fits).
 
