@@ -315,7 +315,8 @@ def _read_records(dataset_dir):
   return list(tfds_builder.data_source(dataset_dir, ex.TRAIN, raw=True))
 
 
-def test_prepared_output_independent_of_worker_count(tmp_path):
+@pytest.mark.parametrize("block_chars", [3000, 1])  # 1: every block holds one document.
+def test_prepared_output_independent_of_worker_count(tmp_path, block_chars):
   from bert_jax.data import prepare
 
   docs = make_corpus(60, seed=7, sentences=(3, 12))
@@ -324,14 +325,156 @@ def test_prepared_output_independent_of_worker_count(tmp_path):
     return prepare.prepare_dataset(
         str(tmp_path / name), lambda: iter(docs), FakeTokenizer(), max_seq_length=48,
         dupe_factor=2, validation_fraction=0.2, seed=seed, num_workers=num_workers,
-        block_chars=3000)
+        block_chars=block_chars)
 
   meta_inline = run("inline", 0)
   meta_pool = run("pool", 2)
   assert meta_inline["num_examples"] == meta_pool["num_examples"]
+  assert meta_inline["stats"] == meta_pool["stats"]
   assert meta_inline["num_examples"]["validation"] > 0
+  neighbour_draws = meta_inline["stats"][ex.TRAIN]["random_next_neighbour"]
+  assert neighbour_draws > 0 if block_chars == 1 else neighbour_draws == 0
   records = _read_records(str(tmp_path / "inline"))
   assert len(records) == meta_inline["num_examples"]["train"]
   assert records == _read_records(str(tmp_path / "pool"))
   run("other_seed", 0, seed=1)
   assert _read_records(str(tmp_path / "other_seed")) != records
+
+
+# ---------------------------------------------------------------- random-next B never from A's
+
+
+def flat_tokens(docs):
+  """Each tokenized document's pieces, concatenated, as a tuple."""
+  return [tuple(t for ids, _ in doc for t in ids) for doc in docs]
+
+
+def contains(haystack, needle):
+  n = len(needle)
+  return any(haystack[i:i + n] == needle for i in range(len(haystack) - n + 1))
+
+
+def check_random_b_sources(examples, docs):
+  """Every random-next B is a piece of a document other than A's and of no sentence of A's.
+
+  A's document is the one document whose tokens contain A. Returns the number checked.
+  """
+  flats = flat_tokens(tokenized(docs))
+  checked = 0
+  for f in examples:
+    if not f[ex.LABEL_NAME]:
+      continue
+    a, b, _ = split_pair(f)
+    a, b = tuple(a), tuple(b)
+    homes = [k for k, flat in enumerate(flats) if contains(flat, a)]
+    assert len(homes) == 1, homes
+    assert not contains(flats[homes[0]], b), (homes, b)
+    assert any(contains(flat, b) for k, flat in enumerate(flats) if k != homes[0])
+    checked += 1
+  return checked
+
+
+def test_blocks_of_one_document_carry_neighbours():
+  docs = make_corpus(6, seed=8)
+  blocks = list(ex.iter_document_blocks(docs, validation_fraction=0.0, block_chars=1))
+  assert [b.index for b in blocks] == list(range(6))
+  assert all(len(b.documents) == 1 for b in blocks)
+  # The previous block's documents; block 0 gets block 1's.
+  assert blocks[0].neighbours == blocks[1].documents
+  for i in range(1, 6):
+    assert blocks[i].neighbours == blocks[i - 1].documents
+  # Blocks of several documents carry none; a split of one document has none to carry.
+  blocks = list(ex.iter_document_blocks(make_corpus(20, seed=9), validation_fraction=0.0,
+                                        block_chars=10**9))
+  assert len(blocks) == 1 and blocks[0].neighbours == ()
+  blocks = list(ex.iter_document_blocks(docs[:1], validation_fraction=0.0, block_chars=1))
+  assert len(blocks) == 1 and blocks[0].neighbours == ()
+
+
+def test_random_b_from_another_document_in_blocks_of_one_document():
+  # block_chars=1: every block holds one document, so every random B comes from a neighbour.
+  docs = make_corpus(8, seed=10, sentences=(5, 30))
+  settings = ex.ExampleSettings(max_seq_length=48, dupe_factor=3, validation_fraction=0.0,
+                                block_chars=1)
+  examples = list(ex.iter_examples(docs, FakeTokenizer(), settings, ex.TRAIN))
+  assert check_random_b_sources(examples, docs) > 100
+  stats = ex.BlockStats()
+  for block in ex.iter_document_blocks(docs, validation_fraction=0.0, block_chars=1):
+    instances, block_stats = ex.build_block(block, FakeTokenizer(), settings)
+    assert sum(1 for _ in instances) > 0
+    stats.add(block_stats)
+  assert stats.random_next == stats.random_next_neighbour > 100
+  assert stats.random_next_to_continuation == stats.random_next_skipped == 0
+
+
+def test_random_b_from_another_document_when_the_last_block_holds_one():
+  # Fewest documents whose last block (of ~3000 characters) holds exactly one document.
+  block_chars = 3000
+  for n in range(10, 200):
+    docs = make_corpus(n, seed=11, sentences=(3, 12))
+    blocks = list(ex.iter_document_blocks(docs, validation_fraction=0.0,
+                                          block_chars=block_chars))
+    if len(blocks) >= 2 and len(blocks[-1].documents) == 1:
+      break
+  else:
+    raise AssertionError("no corpus size gives a last block of one document")
+  assert blocks[-1].neighbours == blocks[-2].documents
+  settings = ex.ExampleSettings(max_seq_length=48, dupe_factor=5, validation_fraction=0.0,
+                                block_chars=block_chars)
+  instances, stats = ex.build_block(blocks[-1], FakeTokenizer(), settings)
+  last_examples = [ex.instance_to_features(i, 48, CLS, SEP, PAD) for i in instances]
+  assert stats.random_next == stats.random_next_neighbour > 0
+  assert check_random_b_sources(last_examples, docs) == stats.random_next
+  examples = list(ex.iter_examples(docs, FakeTokenizer(), settings, ex.TRAIN))
+  assert examples[-len(last_examples):] == last_examples
+  assert check_random_b_sources(examples, docs) > 50
+
+
+def test_split_of_one_document_never_labels_its_own_text_random():
+  # No other document anywhere: chunks that would get a random B get their real continuation,
+  # or make no example when they have one sentence.
+  docs = make_corpus(1, seed=12, sentences=(40, 40))
+  settings = ex.ExampleSettings(max_seq_length=48, short_seq_prob=0.3, dupe_factor=10,
+                                validation_fraction=0.0)
+  (block,) = ex.iter_document_blocks(docs, validation_fraction=0.0, block_chars=10**9)
+  instances, stats = ex.build_block(block, FakeTokenizer(), settings)
+  examples = [ex.instance_to_features(i, 48, CLS, SEP, PAD) for i in instances]
+  assert examples and stats.examples == len(examples)
+  assert stats.random_next == stats.random_next_neighbour == 0
+  assert stats.random_next_to_continuation > 10 and stats.random_next_skipped > 0
+  for f in examples:
+    assert f[ex.LABEL_NAME] == 0
+    a, b, _ = split_pair(f)
+    if sentence_indices(a) and sentence_indices(b):
+      assert sentence_indices(a)[-1] < sentence_indices(b)[0]
+  # A document of one sentence: its only chunk can have neither B.
+  (block,) = ex.iter_document_blocks([["d0 s0 w1 w2"]], validation_fraction=0.0, block_chars=1)
+  instances, stats = ex.build_block(block, FakeTokenizer(), settings)
+  assert list(instances) == [] and stats.random_next_skipped == settings.dupe_factor
+
+
+def test_few_documents_differ_from_original_only_where_it_takes_a_own_document():
+  # With two documents, all ten tries hit A's own document once in 1024 random-next chunks: the
+  # original then labels A's own text random; bert_jax draws once more, among the others.
+  docs = tokenized(make_corpus(2, seed=13, sentences=(20, 30), words=(2, 6)))
+  plain_docs = [[ids for ids, _ in doc] for doc in docs]
+  flats = flat_tokens(docs)
+  deviations = 0
+  for seed in range(4000):
+    document_index = seed % 2
+    ours = ex.create_instances_from_document(docs, document_index, 32, 0.1,
+                                             random.Random(seed))
+    ours = [(x.ids_a, x.ids_b, x.is_random_next) for x in ours]
+    original = original_create_instances_from_document(plain_docs, document_index, 32, 0.1,
+                                                       random.Random(seed))
+    for ours_b in (x[1] for x in ours if x[2]):
+      assert contains(flats[1 - document_index], tuple(ours_b))
+    if ours == original:
+      continue
+    k = next(k for k, (x, y) in enumerate(zip(ours, original)) if x != y)
+    # The first difference: the original's B comes from A's document, ours from the other one.
+    assert original[k][2] and ours[k][2]
+    assert contains(flats[document_index], tuple(original[k][1]))
+    deviations += 1
+  # 12: ~20k random-next chunks here, each with 1/1024 odds; a document counts once.
+  assert deviations >= 10

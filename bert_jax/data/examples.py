@@ -6,10 +6,18 @@ jitted step). What differs is where the documents come from, so that memory stay
 corpus size:
 
 * The original reads the whole corpus into memory, shuffles the documents and draws each
-  random-next segment B from any document of the corpus. Here the document stream is cut into
-  blocks of about `block_chars` characters (thousands of documents) and B is drawn from another
-  document of the same block. Documents are drawn uniformly in both cases; with thousands of
-  documents per block the examples are statistically the same.
+  random-next segment B from a document of the corpus other than A's (ten tries, so a corpus of
+  very few documents can still hand it A's own text, labelled random). Here the document stream
+  is cut into blocks of about `block_chars` characters (thousands of documents) and B comes from
+  another document of the same block: the original's ten draws, then, where all ten hit A's
+  document, one draw among the block's other documents. A block of one document (a split's last
+  block, or a document of `block_chars` or more) draws B from the documents of its split's
+  previous block (block 0: of the next block). Documents are drawn uniformly in every case; with
+  thousands of documents per block the examples are statistically the same.
+* So B never comes from A's document. A split of a single document has no other document to
+  draw from: a chunk that would get a random B gets its real continuation (label 0) instead, or
+  no example when it is one sentence (`BlockStats.random_next_to_continuation`,
+  `random_next_skipped`).
 * Each (split, dupe pass, block) has its own RNG seeded from (seed, split, pass, block index),
   so the output depends on the seed and the corpus only, never on the number of workers.
 * The original shuffles all instances at the end; bert_jax shuffles globally at read time.
@@ -82,6 +90,12 @@ class BlockStats:
   random_next: int = 0
   short_target: int = 0  # Examples from a document whose target length was drawn short.
   real_tokens: int = 0  # Non-padding tokens over all examples, specials included.
+  # Random-next B drawn from a neighbouring block's documents (the block held one document).
+  random_next_neighbour: int = 0
+  # Chunks that drew random-next with no other document in reach (a split of one document):
+  # given their real continuation (label 0) instead, or dropped when they had one sentence.
+  random_next_to_continuation: int = 0
+  random_next_skipped: int = 0
 
   def add(self, other: "BlockStats") -> None:
     for field in dataclasses.fields(self):
@@ -163,14 +177,53 @@ def _concat(segments: Iterable[Segment]) -> tuple[list[int], list[int]]:
   return ids, word_starts
 
 
+def _draw_random_document(
+    all_documents: Sequence[Document],
+    document_index: int,
+    other_documents: Sequence[Document],
+    stats: BlockStats | None,
+    rng: random.Random,
+) -> Document | None:
+  """The document a random-next B comes from: never A's own; None when there is no other.
+
+  First the original's ten tries over `all_documents` (the same draws). Where all ten hit A's
+  document, the original takes it anyway and labels A's own text random; here one more draw picks
+  uniformly among the other documents of `all_documents` or, when A's is the only one, among
+  `other_documents` (a neighbouring block's).
+  """
+  # Ten tries to avoid the same document, as the original (blocks hold thousands).
+  for _ in range(10):
+    random_document_index = rng.randint(0, len(all_documents) - 1)
+    if random_document_index != document_index:
+      return all_documents[random_document_index]
+  if len(all_documents) > 1:  # (1/n)^10 odds: only blocks of very few documents get here.
+    random_document_index = rng.randint(0, len(all_documents) - 2)
+    return all_documents[random_document_index + (random_document_index >= document_index)]
+  if other_documents:
+    if stats is not None:
+      stats.random_next_neighbour += 1
+    return other_documents[rng.randint(0, len(other_documents) - 1)]
+  return None
+
+
 def create_instances_from_document(
     all_documents: Sequence[Document],
     document_index: int,
     max_seq_length: int,
     short_seq_prob: float,
     rng: random.Random,
+    other_documents: Sequence[Document] = (),
+    stats: BlockStats | None = None,
 ) -> list[Instance]:
-  """NSP instances of one document; B's random documents come from `all_documents`."""
+  """NSP instances of one document; B's random documents come from `all_documents`.
+
+  A random-next B never comes from A's own document: when A's is the only document of
+  `all_documents`, B comes from `other_documents` (a neighbouring block's documents). With neither,
+  a chunk the original would give a random B gets its real continuation (label 0) when it has two
+  sentences or more, and makes no example when it has one; `stats` counts both
+  (`random_next_to_continuation`, `random_next_skipped`) and the draws from `other_documents`
+  (`random_next_neighbour`).
+  """
   document = all_documents[document_index]
   max_num_tokens = max_seq_length - 3  # [CLS], [SEP], [SEP].
   # Drawn once per document, as the original: short documents give more (short) examples.
@@ -193,15 +246,23 @@ def create_instances_from_document(
           a_end = rng.randint(1, len(current_chunk) - 1)
         ids_a, word_starts_a = _concat(current_chunk[:a_end])
 
-        if len(current_chunk) == 1 or rng.random() < 0.5:
-          is_random_next = True
+        random_document: Document | None = None
+        is_random_next = len(current_chunk) == 1 or rng.random() < 0.5
+        if is_random_next:
+          random_document = _draw_random_document(
+              all_documents, document_index, other_documents, stats, rng)
+          # With no document but A's in reach (a split of one document), labelling A's own text
+          # random would teach NSP a wrong answer: the chunk gets its real continuation, or no
+          # example when it has none (one sentence).
+          is_random_next = random_document is not None
+          if not is_random_next and stats is not None:
+            if len(current_chunk) == 1:
+              stats.random_next_skipped += 1
+            else:
+              stats.random_next_to_continuation += 1
+
+        if is_random_next:
           target_b_length = target_seq_length - len(ids_a)
-          # Ten tries to avoid the same document, as the original (blocks hold thousands).
-          for _ in range(10):
-            random_document_index = rng.randint(0, len(all_documents) - 1)
-            if random_document_index != document_index:
-              break
-          random_document = all_documents[random_document_index]
           random_start = rng.randint(0, len(random_document) - 1)
           ids_b: list[int] = []
           word_starts_b: list[int] = []
@@ -213,14 +274,14 @@ def create_instances_from_document(
           # The chunk's unused sentences are "put back" for the next instance.
           i -= len(current_chunk) - a_end
         else:
-          is_random_next = False
           ids_b, word_starts_b = _concat(current_chunk[a_end:])
 
-        a0, a1, b0, b1 = truncation_bounds(len(ids_a), len(ids_b), max_num_tokens, rng)
-        assert a1 > a0 and b1 > b0
-        instances.append(Instance(
-            ids_a[a0:a1], word_starts_a[a0:a1], ids_b[b0:b1], word_starts_b[b0:b1],
-            is_random_next, target_seq_length))
+        if ids_b:  # Empty only for a one-sentence chunk that could not get a random B.
+          a0, a1, b0, b1 = truncation_bounds(len(ids_a), len(ids_b), max_num_tokens, rng)
+          assert a1 > a0 and b1 > b0
+          instances.append(Instance(
+              ids_a[a0:a1], word_starts_a[a0:a1], ids_b[b0:b1], word_starts_b[b0:b1],
+              is_random_next, target_seq_length))
       current_chunk = []
       current_length = 0
     i += 1
@@ -323,6 +384,10 @@ class DocumentBlock(NamedTuple):
   split: str
   index: int  # Block number within its split.
   documents: list[list[str]]
+  # Only on a block of one document: the documents of a neighbouring block of the same split
+  # (the previous one; the next one for block 0), where its random-next B come from. Empty
+  # there only when the split holds that one document.
+  neighbours: Sequence[list[str]] = ()
 
 
 def is_validation_document(sentences: Sequence[str], validation_fraction: float) -> bool:
@@ -338,12 +403,35 @@ def iter_document_blocks(
 ) -> Iterator[DocumentBlock]:
   """Cuts the document stream into per-split blocks of about `block_chars` characters.
 
-  Blank sentences and documents without sentences are dropped. Only the blocks being filled are
-  in memory.
+  Blank sentences and documents without sentences are dropped. A block of a single document (a
+  split's last block, or one document of `block_chars` or more) carries the documents of the
+  split's previous block as `neighbours`; block 0 carries block 1's, so it is held back until
+  block 1 is full. Per split, only the block being filled, the previous block and such a held
+  block 0 are in memory. Blocks come in index order within a split (not across splits).
   """
   pending: dict[str, list[list[str]]] = {split: [] for split in SPLITS}
   pending_chars = {split: 0 for split in SPLITS}
   next_index = {split: 0 for split in SPLITS}
+  previous: dict[str, list[list[str]]] = {split: [] for split in SPLITS}
+  held: dict[str, DocumentBlock | None] = {split: None for split in SPLITS}
+
+  def finish(split: str) -> Iterator[DocumentBlock]:
+    """Yields what the split's full `pending` block releases; resets `pending`."""
+    index, block_documents = next_index[split], pending[split]
+    next_index[split] += 1
+    pending[split], pending_chars[split] = [], 0
+    if held[split] is not None:  # Block 0 of one document: block 1 (this one) is its pool.
+      yield held[split]._replace(neighbours=block_documents)
+      held[split] = None
+    block = DocumentBlock(split, index, block_documents)
+    if len(block_documents) >= 2:
+      yield block
+    elif index == 0:
+      held[split] = block
+    else:
+      yield block._replace(neighbours=previous[split])
+    previous[split] = block_documents
+
   for document in documents:
     sentences = [s.strip() for s in document]
     sentences = [s for s in sentences if s]
@@ -353,12 +441,13 @@ def iter_document_blocks(
     pending[split].append(sentences)
     pending_chars[split] += sum(len(s) for s in sentences)
     if pending_chars[split] >= block_chars:
-      yield DocumentBlock(split, next_index[split], pending[split])
-      next_index[split] += 1
-      pending[split], pending_chars[split] = [], 0
+      yield from finish(split)
   for split in SPLITS:
     if pending[split]:
-      yield DocumentBlock(split, next_index[split], pending[split])
+      yield from finish(split)
+    if held[split] is not None:  # The split's only document: no other to draw B from.
+      yield held[split]
+      held[split] = None
 
 
 def block_seed(seed: int, split: str, pass_index: int, block_index: int) -> int:
@@ -376,13 +465,20 @@ def iter_block_instances(
     short_seq_prob: float,
     dupe_factor: int,
     seed: int,
+    neighbours: Sequence[Document] = (),
+    stats: BlockStats | None = None,
 ) -> Iterator[Instance]:
-  """All instances of one tokenized block: `dupe_factor` passes, each with its own RNG."""
+  """All instances of one tokenized block: `dupe_factor` passes, each with its own RNG.
+
+  `neighbours` (tokenized `DocumentBlock.neighbours`) are drawn from only where the block holds a
+  single document; `stats` gets the random-next fallback counts.
+  """
   for pass_index in range(dupe_factor):
     rng = random.Random(block_seed(seed, split, pass_index, block_index))
     for document_index in range(len(documents)):
       yield from create_instances_from_document(
-          documents, document_index, max_seq_length, short_seq_prob, rng)
+          documents, document_index, max_seq_length, short_seq_prob, rng,
+          other_documents=neighbours, stats=stats)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -426,13 +522,19 @@ def build_block(
       stats.documents += 1
       stats.sentences += len(document)
       stats.tokens += sum(len(ids) for ids, _ in document)
+  # Only a block of one document carries neighbours; they count in their own block's stats.
+  neighbours = []
+  if block.neighbours:
+    neighbours = [document for document in tokenize_documents(block.neighbours, tokenizer)
+                  if document]
   max_num_tokens = settings.max_seq_length - 3
 
   def instances() -> Iterator[Instance]:
     for instance in iter_block_instances(
         documents, split=block.split, block_index=block.index,
         max_seq_length=settings.max_seq_length, short_seq_prob=settings.short_seq_prob,
-        dupe_factor=settings.dupe_factor, seed=settings.seed):
+        dupe_factor=settings.dupe_factor, seed=settings.seed, neighbours=neighbours,
+        stats=stats):
       stats.examples += 1
       stats.random_next += instance.is_random_next
       stats.short_target += instance.target_seq_length < max_num_tokens

@@ -144,6 +144,15 @@ def prepare_dataset(
       chars = sum(s.chars for s in split_stats.values())
       logging.info("prepare: %s block %d done, %.1f MB of text so far (%.2f MB/s)", split,
                    block_index, chars / 1e6, chars / 1e6 / max(time.time() - start, 1e-9))
+    for split, stats in split_stats.items():
+      if stats.random_next_to_continuation or stats.random_next_skipped:
+        # A split of one document (its NSP labels all 0): say so rather than skew eval silently.
+        logging.warning(
+            "prepare: %s split (%d documents): %d chunks had no document but their own to draw "
+            "a random next segment from; %d got their real continuation instead, %d (one "
+            "sentence) made no example.", split, stats.documents,
+            stats.random_next_to_continuation + stats.random_next_skipped,
+            stats.random_next_to_continuation, stats.random_next_skipped)
     if not split_stats[examples_lib.TRAIN].examples:
       raise ValueError("The corpus produced no training examples (no document with a tokenized "
                        "sentence); check the input flags (--input / --tfds_name / --builtin).")
