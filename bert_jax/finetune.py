@@ -40,8 +40,9 @@ from bert_jax.steps import TrainState
 
 ENCODER = "bert"  # Name of the encoder submodule in every head model (pooler included).
 FINAL_EVAL_FILE = "final_eval.json"
+EVAL_COUNTS = ("examples", "windows")  # Counts in an evaluation's dict, not metrics.
 # The config.train fields that the compiled train step depends on.
-OPTIMIZER_FIELDS = ("optimizer", "learning_rate", "warmup_steps", "num_train_steps",
+OPTIMIZER_FIELDS = ("optimizer", "schedule", "learning_rate", "warmup_steps", "num_train_steps",
                     "weight_decay", "b1", "b2", "eps", "max_grad_norm", "freeze_encoder")
 
 
@@ -107,7 +108,7 @@ def load_splits(config, vocab: Vocab) -> Splits:
   encode = functools.partial(
       finetune_data.encode, config.task, vocab=vocab, labels=labels,
       max_length=config.data.max_seq_length, max_query_length=config.data.max_query_length,
-      regression=config.data.regression)
+      doc_stride=config.data.doc_stride, regression=config.data.regression)
   train = encode(train_records, is_training=True)
   validation_records = _records(config, "validation")
   validation = encode(validation_records) if validation_records else None
@@ -243,7 +244,7 @@ def _to_host(tree):
 
 
 def run_eval(params, data: finetune_data.TaskData, eval_fn, mesh, batch_size: int):
-  """-> (outputs over every example, in order, as numpy; mean loss)."""
+  """-> (outputs over every row (QA: window), in order, as numpy; mean loss over rows)."""
   gathered: dict[str, list[np.ndarray]] = {}
   loss_sum = loss_count = 0.0
   pending = []
@@ -262,11 +263,15 @@ def run_eval(params, data: finetune_data.TaskData, eval_fn, mesh, batch_size: in
 
 
 def evaluate(config, params, data, labels, eval_fn, mesh) -> dict[str, float]:
+  """Loss over the rows, scores over the examples: a QA question is scored once, from the
+  merged predictions of all its windows ("windows" counts those)."""
   outputs, loss = run_eval(params, data, eval_fn, mesh, config.train.eval_batch_size)
   predicted = finetune_eval.predictions(config.task, outputs, data, labels,
                                         config.data.max_answer_length)
-  return {"loss": loss, **finetune_eval.score(config.task, predicted, data, labels),
-          "examples": len(data)}
+  counts = {"examples": len(data.examples)}
+  if config.task == "qa":
+    counts["windows"] = len(data)
+  return {"loss": loss, **finetune_eval.score(config.task, predicted, data, labels), **counts}
 
 
 # ----------------------------------------------------------------------- checkpoints
@@ -286,6 +291,7 @@ def _meta(config, encoder: Encoder, labels: list[str]) -> dict[str, Any]:
       "max_seq_length": config.data.max_seq_length,
       "max_query_length": config.data.max_query_length,
       "max_answer_length": config.data.max_answer_length,
+      "doc_stride": config.data.doc_stride,
       "head_dropout_prob": config.head.dropout_prob,
       "init_from": encoder.source,
       "freeze_encoder": bool(config.train.freeze_encoder),
@@ -322,6 +328,8 @@ def _validate(config) -> None:
     raise ValueError("config.data.regression applies to the classification task only")
   if config.train.num_train_steps <= 0:
     raise ValueError("config.train.num_train_steps must be positive")
+  if config.data.doc_stride <= 0:
+    raise ValueError("config.data.doc_stride must be positive")
 
 
 def _param_count(tree) -> int:
@@ -369,10 +377,13 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   writer.close()
   result.update(task=config.task, labels=splits.labels, init_from=encoder.source,
                 freeze_encoder=bool(config.train.freeze_encoder), best_metric=best_metric,
-                train_examples=len(splits.train), train_truncated=splits.train.num_truncated,
-                train_dropped=splits.train.num_dropped,
-                validation_examples=len(splits.validation) if splits.validation else 0,
+                train_examples=len(splits.train.examples),
+                train_truncated=splits.train.num_truncated, train_dropped=splits.train.num_dropped,
+                validation_examples=len(splits.validation.examples) if splits.validation else 0,
                 validation_truncated=splits.validation.num_truncated if splits.validation else 0)
+  if config.task == "qa":  # Rows: the windows of the passages.
+    result.update(train_windows=len(splits.train),
+                  validation_windows=len(splits.validation) if splits.validation else 0)
   if jax.process_index() == 0:
     with open(os.path.join(workdir, FINAL_EVAL_FILE), "w") as f:
       json.dump({k: v for k, v in result.items() if k != "state"}, f, indent=2)
@@ -388,10 +399,17 @@ def _log_setup(writer: MetricWriter, config, encoder: Encoder, splits: Splits) -
   for name, data in (("train", splits.train), ("validation", splits.validation)):
     if data is None:
       continue
-    writer.log(f"{name}: {len(data)} examples from {data.source}; {data.num_truncated} longer "
-               f"than max_seq_length={config.data.max_seq_length} were truncated")
+    if config.task == "qa":
+      writer.log(f"{name}: {len(data.examples)} questions from {data.source} in {len(data)} "
+                 f"windows of max_seq_length={config.data.max_seq_length} (doc_stride "
+                 f"{config.data.doc_stride}); {data.num_split} passages took several windows; "
+                 f"{data.num_truncated} questions cut to "
+                 f"max_query_length={config.data.max_query_length}")
+    else:
+      writer.log(f"{name}: {len(data)} examples from {data.source}; {data.num_truncated} longer "
+                 f"than max_seq_length={config.data.max_seq_length} were truncated")
     if data.num_dropped:
-      writer.log(f"{name}: {data.num_dropped} examples dropped: truncation cut their answer off")
+      writer.log(f"{name}: {data.num_dropped} examples dropped: their answer covers no piece")
 
 
 def _with_pretrained_encoder(params, encoder: Encoder, params_shardings, writer: MetricWriter):
@@ -439,10 +457,10 @@ def _loop(config, state, step_fn, eval_fn, rng, splits: Splits, mesh, writer, ch
       final = evaluate(config, state.params, splits.validation, splits.labels, eval_fn, mesh)
       writer.write(step, "validation", final)
       writer.log(f"eval step {step}: " + " ".join(
-          f"{k} {v:.4f}" for k, v in final.items() if k != "examples"))
-      if best_metric not in final:
+          f"{k} {v:.4f}" for k, v in final.items() if k not in EVAL_COUNTS))
+      if best_metric not in final or best_metric in EVAL_COUNTS:
         raise ValueError(f"config.train.best_metric={best_metric!r} is not a metric of this "
-                         f"task; use one of {sorted(k for k in final if k != 'examples')}")
+                         f"task; use one of {sorted(k for k in final if k not in EVAL_COUNTS)}")
       if final[best_metric] > best[best_metric]:
         best = {"step": step, **final}
         _save(checkpoints, step, state.params, {**meta, "step": step, "metrics": final})

@@ -7,8 +7,11 @@ A record has `text`, optional `text_b`, and per task
   piece, as BERT's NER setup);
 - qa: `answers`, a list of {"text", "answer_start"} with character offsets into `text_b`, the
   passage; `text` is the question (SQuAD's layout).
-Bad records raise ValueError naming the file and line. Text longer than `max_seq_length` is
-truncated and counted; a QA answer cut off by truncation drops that example from training.
+Bad records raise ValueError naming the file and line. Classification and tagging text longer
+than `max_seq_length` is truncated and counted. A QA passage is never truncated: as
+google-research/bert's run_squad.py (`convert_examples_to_features`) it becomes one or more
+windows ("features", one model row each) of [CLS] question [SEP] passage-window [SEP], stepping
+by `doc_stride` pieces; see `doc_spans` and `max_context_windows`.
 
 Offsets: the passage is split on whitespace and each word encoded on its own, so every piece
 maps back to characters of the passage (`Vocab` has no offsets API). Within a word the pieces
@@ -34,16 +37,31 @@ Record = tuple[str, int, dict[str, Any]]  # (file, line, fields)
 
 
 @dataclasses.dataclass
+class Window:
+  """One QA feature: a window of a passage's pieces in one model row (run_squad's _DocSpan plus
+  where its pieces sit in the row and where each has its maximum context)."""
+  example: int  # Index of its question in TaskData.examples.
+  doc_start: int  # First passage piece in the window (run_squad's DocSpan.start).
+  doc_length: int  # Passage pieces in the window (DocSpan.length).
+  offset: int  # Row position of the first of them: len(question) + 2 ([CLS] question [SEP]).
+  max_context: np.ndarray  # [doc_length] bool: the piece has its maximum context here.
+
+
+@dataclasses.dataclass
 class TaskData:
-  """Encoded examples of one source: model arrays plus what eval needs to score them."""
+  """Encoded examples of one source: model arrays plus what eval needs to score them. A row is
+  an example, except in QA where a question gets one row per window of its passage."""
   source: str
-  arrays: dict[str, np.ndarray]  # Model inputs and targets, each [N, ...].
-  examples: list[dict[str, Any]]  # Per example: gold labels, words, passage, token spans.
-  num_truncated: int = 0  # Examples whose text did not fit in max_seq_length.
-  num_dropped: int = 0  # QA training examples whose answer truncation cut off.
+  arrays: dict[str, np.ndarray]  # Model inputs and targets, one row each: [N, ...].
+  examples: list[dict[str, Any]]  # Per example (QA: per question): gold labels, words, passage.
+  num_truncated: int = 0  # Texts cut to max_seq_length (QA: questions cut to max_query_length).
+  num_dropped: int = 0  # QA training questions left out: their answer maps to no piece.
+  windows: list[Window] = dataclasses.field(default_factory=list)  # QA: one per row.
+  num_split: int = 0  # QA: questions whose passage took more than one window.
 
   def __len__(self) -> int:
-    return len(self.examples)
+    """Model rows (what the batches iterate over); len(examples) counts what is scored."""
+    return len(next(iter(self.arrays.values())))
 
 
 # ------------------------------------------------------------------------------ reading
@@ -275,81 +293,138 @@ def piece_spans(vocab: Vocab, word: str, ids: Sequence[int]) -> list[tuple[int, 
   return spans
 
 
-def _qa(records, vocab, max_length, max_query_length, with_labels, is_training) -> TaskData:
-  n = len(records)
-  arrays = {name: np.zeros((n, max_length), np.int32) for name in
-            ("input_ids", "token_type_ids", "attention_mask", "context_mask")}
-  arrays["start_positions"] = np.zeros((n,), np.int32)
-  arrays["end_positions"] = np.zeros((n,), np.int32)
-  arrays["answer_weight"] = np.zeros((n,), np.float32)  # 0: truncation cut the answer off.
-  examples, keep, truncated, dropped = [], [], 0, 0
-  for row, record in enumerate(records):
+def doc_spans(num_pieces: int, max_tokens_for_doc: int,
+              doc_stride: int) -> list[tuple[int, int]]:
+  """(start, length) of each window over a passage of `num_pieces` pieces, as run_squad's
+  `convert_examples_to_features`: at most `max_tokens_for_doc` pieces each, the next one starting
+  min(length, doc_stride) pieces later, stopping at the first that reaches the end of the passage.
+  An empty passage still gets one (empty) window, so every question has a row to predict from."""
+  if doc_stride <= 0 or max_tokens_for_doc <= 0:
+    raise ValueError(f"doc_stride={doc_stride} and the room for the passage "
+                     f"({max_tokens_for_doc} pieces) must be positive")
+  spans, start = [], 0
+  while start < num_pieces:
+    length = min(num_pieces - start, max_tokens_for_doc)
+    spans.append((start, length))
+    if start + length == num_pieces:
+      break
+    start += min(length, doc_stride)
+  return spans or [(0, 0)]
+
+
+def max_context_windows(spans: Sequence[tuple[int, int]], num_pieces: int) -> np.ndarray:
+  """[num_pieces] int: the window in which each passage piece has its maximum context, as
+  run_squad's `_check_is_max_context`: score min(pieces left of it, pieces right of it in the
+  window) + 0.01 * window length; on a tie the earlier window wins (its comparison is strict)."""
+  best = np.full((num_pieces,), -1, np.int64)
+  best_score = np.full((num_pieces,), -np.inf)
+  for index, (start, length) in enumerate(spans):
+    positions = np.arange(start, start + length)
+    score = np.minimum(positions - start, start + length - 1 - positions) + 0.01 * length
+    better = score > best_score[positions]
+    best[positions[better]] = index
+    best_score[positions[better]] = score[better]
+  return best
+
+
+def _answer_pieces(record: Record, context: str, spans: Sequence[tuple[int, int]],
+                   answers: list) -> tuple[int, int] | None:
+  """Checks the answers; -> (first, last) passage piece of the first one, None if it covers
+  no piece (an empty or blank answer: run_squad skips such training examples)."""
+  for answer in answers:
+    if not isinstance(answer, dict) or not isinstance(answer.get("text"), str) or \
+        not isinstance(answer.get("answer_start"), int):
+      raise ValueError(f"{_where(record)}: each answer needs 'text' (str) and "
+                       "'answer_start' (int)")
+    start, text = answer["answer_start"], answer["text"]
+    if context[start:start + len(text)] != text:
+      raise ValueError(f"{_where(record)}: answer {text!r} is not at character {start} of "
+                       "text_b")
+  if not answers:
+    return None
+  start = answers[0]["answer_start"]
+  end = start + len(answers[0]["text"])
+  inside = [i for i, (a, b) in enumerate(spans) if a < end and b > start]
+  return (inside[0], inside[-1]) if inside else None
+
+
+def _qa(records, vocab, max_length, max_query_length, doc_stride, with_labels,
+        is_training) -> TaskData:
+  columns: dict[str, list] = {name: [] for name in ("input_ids", "token_type_ids",
+                                                    "attention_mask", "context_mask")}
+  targets: dict[str, list] = {"start_positions": [], "end_positions": [], "answer_weight": []}
+  examples, windows, truncated, dropped, split = [], [], 0, 0, 0
+  for record in records:
     question, context = _field(record, "text"), _field(record, "text_b")
-    question_ids = vocab.encode(question)[:max_query_length]
+    question_ids = vocab.encode(question)
+    truncated += len(question_ids) > max_query_length
+    question_ids = question_ids[:max_query_length]
     words = [(m.start(), m.group()) for m in re.finditer(r"\S+", context)]
     word_ids = vocab.encode_batch([w for _, w in words]) if words else []
-    context_ids, spans = [], []  # Spans: characters of the passage, per context piece.
+    context_ids, spans = [], []  # Spans: characters of the passage, per passage piece.
     for (start, word), ids in zip(words, word_ids):
       context_ids.extend(ids)
       spans.extend((start + a, start + b) for a, b in piece_spans(vocab, word, ids))
-    budget = max_length - len(question_ids) - 3
-    if budget <= 0:
+    max_tokens_for_doc = max_length - len(question_ids) - 3  # [CLS], [SEP], [SEP].
+    if max_tokens_for_doc <= 0:
       raise ValueError(f"{_where(record)}: max_seq_length={max_length} leaves no room for the "
                        f"passage after a {len(question_ids)}-piece question")
-    if len(context_ids) > budget:
-      truncated += 1
-      context_ids, spans = context_ids[:budget], spans[:budget]
-    offset = len(question_ids) + 2  # [CLS] question [SEP]
-    ids = [vocab.cls_id, *question_ids, vocab.sep_id, *context_ids, vocab.sep_id]
-    arrays["input_ids"][row] = ids + [vocab.pad_id] * (max_length - len(ids))
-    arrays["token_type_ids"][row, offset:len(ids)] = 1
-    arrays["attention_mask"][row, :len(ids)] = 1
-    arrays["context_mask"][row, offset:offset + len(context_ids)] = 1
-    token_spans = np.full((max_length, 2), -1, np.int32)
-    if spans:
-      token_spans[offset:offset + len(spans)] = spans
-    example = {"line": record[1], "context": context, "token_spans": token_spans,
-               "answers": []}
-    usable = True
+    answer = None  # (first, last) passage piece of the target answer.
+    gold = []
     if with_labels:
       answers = _field(record, "answers", list)
-      for answer in answers:
-        if not isinstance(answer, dict) or not isinstance(answer.get("text"), str) or \
-            not isinstance(answer.get("answer_start"), int):
-          raise ValueError(f"{_where(record)}: each answer needs 'text' (str) and "
-                           "'answer_start' (int)")
-        start, text = answer["answer_start"], answer["text"]
-        if context[start:start + len(text)] != text:
-          raise ValueError(f"{_where(record)}: answer {text!r} is not at character {start} of "
-                           "text_b")
-        example["answers"].append(text)
       if is_training and not answers:
         raise ValueError(f"{_where(record)}: a training example needs an answer")
-      if answers:
-        start = answers[0]["answer_start"]
-        end = start + len(answers[0]["text"])
-        inside = [i for i, (a, b) in enumerate(spans) if a < end and b > start]
-        if inside and spans[inside[-1]][1] >= end:
-          arrays["start_positions"][row] = offset + inside[0]
-          arrays["end_positions"][row] = offset + inside[-1]
-          arrays["answer_weight"][row] = 1.0
-        elif is_training:
-          usable = False  # Truncation cut the answer off: nothing to learn from here.
-          dropped += 1
-    examples.append(example)
-    keep.append(usable)
-  if not with_labels:
-    del arrays["start_positions"], arrays["end_positions"], arrays["answer_weight"]
-  if not all(keep):
-    arrays = {k: v[np.asarray(keep)] for k, v in arrays.items()}
-    examples = [e for e, k in zip(examples, keep) if k]
-  return TaskData(records[0][0], arrays, examples, truncated, dropped)
+      answer = _answer_pieces(record, context, spans, answers)
+      gold = [a["text"] for a in answers]
+      if is_training and answer is None:
+        dropped += 1  # Nothing to point at (run_squad skips it too).
+        continue
+    index = len(examples)
+    examples.append({"line": record[1], "context": context, "answers": gold,
+                     "piece_spans": np.asarray(spans, np.int32).reshape(-1, 2)})  # [P, 2]
+    spans_of_windows = doc_spans(len(context_ids), max_tokens_for_doc, doc_stride)
+    split += len(spans_of_windows) > 1
+    best_window = max_context_windows(spans_of_windows, len(context_ids))  # [P]
+    offset = len(question_ids) + 2
+    for window_index, (doc_start, doc_length) in enumerate(spans_of_windows):
+      ids = [vocab.cls_id, *question_ids, vocab.sep_id,
+             *context_ids[doc_start:doc_start + doc_length], vocab.sep_id]
+      row = {name: np.zeros((max_length,), np.int32) for name in columns}
+      row["input_ids"][:] = ids + [vocab.pad_id] * (max_length - len(ids))
+      row["token_type_ids"][offset:len(ids)] = 1
+      row["attention_mask"][:len(ids)] = 1
+      row["context_mask"][offset:offset + doc_length] = 1
+      for name, value in row.items():
+        columns[name].append(value)
+      windows.append(Window(index, doc_start, doc_length, offset,
+                            best_window[doc_start:doc_start + doc_length] == window_index))
+      if with_labels:
+        # run_squad's is_training targets: the answer's pieces when the window holds all of
+        # them, else [CLS] (position 0; the QA head leaves it unmasked for this). Eval rows get
+        # the same targets, so the validation loss measures what training minimises.
+        inside = answer is not None and answer[0] >= doc_start and \
+            answer[1] < doc_start + doc_length
+        targets["start_positions"].append(offset + answer[0] - doc_start if inside else 0)
+        targets["end_positions"].append(offset + answer[1] - doc_start if inside else 0)
+        # 0: no gold answer to point at (an unanswered eval record).
+        targets["answer_weight"].append(0.0 if answer is None else 1.0)
+  if not examples:
+    raise ValueError(f"{records[0][0]}: no usable QA examples (every answer is blank)")
+  arrays = {name: np.stack(value) for name, value in columns.items()}
+  if with_labels:
+    arrays["start_positions"] = np.asarray(targets["start_positions"], np.int32)  # [N]
+    arrays["end_positions"] = np.asarray(targets["end_positions"], np.int32)  # [N]
+    arrays["answer_weight"] = np.asarray(targets["answer_weight"], np.float32)  # [N]
+  return TaskData(records[0][0], arrays, examples, truncated, dropped, windows, split)
 
 
 def encode(task: str, records: Sequence[Record], vocab: Vocab, *, labels: Sequence[str] = (),
-           max_length: int = 128, max_query_length: int = 64, with_labels: bool = True,
-           is_training: bool = False, regression: bool = False) -> TaskData:
-  """Records -> TaskData of `task`. `with_labels=False` encodes inputs only (prediction)."""
+           max_length: int = 128, max_query_length: int = 64, doc_stride: int = 128,
+           with_labels: bool = True, is_training: bool = False,
+           regression: bool = False) -> TaskData:
+  """Records -> TaskData of `task`. `with_labels=False` encodes inputs only (prediction).
+  QA: `doc_stride` pieces between the starts of a passage's windows (run_squad's default 128)."""
   if not records:
     raise ValueError("No records to encode")
   if task == "classification":
@@ -357,7 +432,8 @@ def encode(task: str, records: Sequence[Record], vocab: Vocab, *, labels: Sequen
   if task == "tagging":
     return _tagging(records, vocab, labels, max_length, with_labels)
   if task == "qa":
-    return _qa(records, vocab, max_length, max_query_length, with_labels, is_training)
+    return _qa(records, vocab, max_length, max_query_length, doc_stride, with_labels,
+               is_training)
   raise ValueError(f"Unknown task {task!r}")
 
 
@@ -421,8 +497,8 @@ def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Record
 
 def train_batches(data: TaskData, global_batch_size: int, seed: int, process_index: int = 0,
                   process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
-  """Endless shuffled batches (a new permutation each epoch, batches cross epoch ends), this
-  process's rows of each global batch."""
+  """Endless shuffled batches of rows (QA: windows; a new permutation each epoch, batches
+  cross epoch ends), this process's rows of each global batch."""
   rng = np.random.default_rng(seed)
   per_host = global_batch_size // process_count
   order = np.zeros((0,), np.int64)
@@ -436,8 +512,8 @@ def train_batches(data: TaskData, global_batch_size: int, seed: int, process_ind
 
 def eval_batches(data: TaskData, global_batch_size: int, process_index: int = 0,
                  process_count: int = 1) -> Iterator[tuple[np.ndarray, dict[str, np.ndarray]]]:
-  """(global example indices [B], this process's rows) over every example once; the last batch
-  is padded with copies of example 0 that weigh 0 (`example_weight`), so shapes stay static."""
+  """(global row indices [B], this process's rows) over every row (QA: window) once; the last
+  batch is padded with copies of row 0 that weigh 0 (`example_weight`), so shapes stay static."""
   per_host = global_batch_size // process_count
   for begin in range(0, len(data), global_batch_size):
     indices = np.arange(begin, begin + global_batch_size)

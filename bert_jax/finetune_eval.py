@@ -1,10 +1,12 @@
 """Fine-tuning outputs -> predictions -> scores, on the host in numpy.
 
 Predictions: a label per example, a tag per word (read at each word's first piece), an answer
-span per question (best start <= end inside the passage, at most `max_answer_length` pieces,
-mapped back to passage characters). Scores: accuracy and F1 (binary F1 of the second label for
-two classes, macro F1 otherwise), MSE / Pearson for regression, token accuracy and F1 plus
-seqeval-style entity F1 for BIO tags, SQuAD's exact match and F1.
+span per question: as run_squad.py's `write_predictions`, the best start <= end by start + end
+logit over all windows of the question, inside a window's passage, at most `max_answer_length`
+pieces, the start only in the window where that piece has its maximum context; mapped back to
+passage characters. Scores: accuracy and F1 (binary F1 of the second label for two classes,
+macro F1 otherwise), MSE / Pearson for regression, token accuracy and F1 plus seqeval-style
+entity F1 for BIO tags, SQuAD's exact match and F1 (once per question).
 """
 
 from __future__ import annotations
@@ -22,26 +24,66 @@ from bert_jax.finetune_data import TaskData
 
 
 def best_span(start_logits: np.ndarray, end_logits: np.ndarray, context_mask: np.ndarray,
-              max_answer_length: int) -> tuple[int, int, float]:
+              max_answer_length: int,
+              max_context: np.ndarray | None = None) -> tuple[int, int, float]:
   """[L] logits and passage mask -> (start, end, score) maximising start + end logits over
-  passage positions with start <= end < start + max_answer_length; (-1, -1, -inf) if none."""
+  passage positions with start <= end < start + max_answer_length and, when `max_context` [L]
+  is given, a start where it is set; (-1, -1, -inf) if none. Exhaustive over the valid spans:
+  run_squad tries only the n_best_size (20) highest starts x ends, which gives the same span
+  whenever the best valid one is among them (and no answer when none of them is valid)."""
   length = len(start_logits)
-  scores = start_logits[:, None].astype(np.float64) + end_logits[None, :]  # [L, L]
-  starts, ends = np.arange(length)[:, None], np.arange(length)[None, :]
-  allowed = ((ends >= starts) & (ends < starts + max_answer_length)
-             & (context_mask[:, None] > 0) & (context_mask[None, :] > 0))
+  ends = np.arange(length)[:, None] + np.arange(max_answer_length)[None, :]  # [L, A]
+  inside = ends < length
+  ends = np.minimum(ends, length - 1)
+  starts_ok = context_mask > 0
+  if max_context is not None:
+    starts_ok = starts_ok & (max_context > 0)
+  allowed = inside & starts_ok[:, None] & (context_mask[ends] > 0)  # [L, A]
   if not allowed.any():
     return -1, -1, float("-inf")
+  scores = start_logits.astype(np.float64)[:, None] + end_logits.astype(np.float64)[ends]
   scores = np.where(allowed, scores, -np.inf)
-  start, end = np.unravel_index(int(np.argmax(scores)), scores.shape)
-  return int(start), int(end), float(scores[start, end])
+  # Row-major argmax: ties go to the earliest start, then the shortest span.
+  start, extra = np.unravel_index(int(np.argmax(scores)), scores.shape)
+  return int(start), int(start + extra), float(scores[start, extra])
+
+
+def qa_predictions(outputs: dict[str, np.ndarray], data: TaskData,
+                   max_answer_length: int) -> list[dict[str, Any]]:
+  """One {"answer", "start", "end", "score"} per question of `data` (start, end: characters of
+  its passage; "" and -1 when no window has a valid span), over all of its windows: each
+  window's best valid span (`best_span`, starts where the piece has its maximum context), the
+  best of them by score (an earlier window wins a tie)."""
+  best: list[tuple[float, int, int] | None] = [None] * len(data.examples)  # Score, pieces.
+  context_mask = data.arrays["context_mask"]  # [N, L]
+  for row, window in enumerate(data.windows):
+    max_context = np.zeros(context_mask.shape[1], bool)  # [L]
+    max_context[window.offset:window.offset + window.doc_length] = window.max_context
+    start, end, score = best_span(outputs["start_logits"][row], outputs["end_logits"][row],
+                                  context_mask[row], max_answer_length, max_context)
+    current = best[window.example]
+    if start >= 0 and (current is None or score > current[0]):
+      # Row positions -> passage pieces of the question.
+      best[window.example] = (score, window.doc_start + start - window.offset,
+                              window.doc_start + end - window.offset)
+  result = []
+  for example, found in zip(data.examples, best):
+    if found is None:
+      result.append({"answer": "", "start": -1, "end": -1, "score": float("-inf")})
+      continue
+    score, first, last = found
+    char_start = int(example["piece_spans"][first][0])
+    char_end = int(example["piece_spans"][last][1])
+    result.append({"answer": example["context"][char_start:char_end], "start": char_start,
+                   "end": char_end, "score": score})
+  return result
 
 
 def predictions(task: str, outputs: dict[str, np.ndarray], data: TaskData,
                 labels: Sequence[str], max_answer_length: int = 30) -> list[dict[str, Any]]:
-  """Per example of `data`: {"label", "probabilities"} (classification; {"score"} for
-  regression), {"tags"} one per word (tagging), {"answer", "start", "end", "score"}
-  (qa; character offsets into text_b)."""
+  """Per example of `data` (`outputs` per row): {"label", "probabilities"} (classification;
+  {"score"} for regression), {"tags"} one per word (tagging), {"answer", "start", "end",
+  "score"} per question (qa, its windows merged; character offsets into text_b)."""
   result = []
   if task == "classification":
     logits = outputs["logits"]  # [N, C]
@@ -61,17 +103,7 @@ def predictions(task: str, outputs: dict[str, np.ndarray], data: TaskData,
       result.append({"words": example["words"], "tags": tags})
     return result
   if task == "qa":
-    for row, example in enumerate(data.examples):
-      start, end, score = best_span(outputs["start_logits"][row], outputs["end_logits"][row],
-                                    data.arrays["context_mask"][row], max_answer_length)
-      if start < 0:
-        result.append({"answer": "", "start": -1, "end": -1, "score": score})
-        continue
-      char_start = int(example["token_spans"][start][0])
-      char_end = int(example["token_spans"][end][1])
-      result.append({"answer": example["context"][char_start:char_end], "start": char_start,
-                     "end": char_end, "score": score})
-    return result
+    return qa_predictions(outputs, data, max_answer_length)
   raise ValueError(f"Unknown task {task!r}")
 
 
@@ -196,7 +228,8 @@ def main_metric(task: str, labels: Sequence[str], regression: bool) -> str:
 
 def score(task: str, predicted: list[dict[str, Any]], data: TaskData,
           labels: Sequence[str]) -> dict[str, float]:
-  """The task's scores of `predictions(...)` against the gold labels in `data.examples`."""
+  """The task's scores of `predictions(...)` against the gold labels in `data.examples` (QA:
+  once per question, whatever its number of windows)."""
   if task == "classification":
     gold = [e["label"] for e in data.examples]
     if predicted and "score" in predicted[0]:

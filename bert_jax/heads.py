@@ -7,7 +7,8 @@ checkpoint (or an import) plugs in unchanged; only the head's parameters are new
 - `BertForTokenClassification`: dropout + dense at every position; labels sit on the first piece
   of each word (the other pieces weigh 0), as BERT's NER setup.
 - `BertForQuestionAnswering`: start and end logits over the sequence; positions outside the
-  passage are masked with a large negative value.
+  passage are masked with a large negative value, except [CLS]: run_squad.py trains a window
+  that does not hold the answer to point at [CLS] (decoding never picks it).
 
 Shapes: B batch, L sequence length, H hidden size, C labels.
 """
@@ -62,8 +63,9 @@ class BertForTokenClassification(nn.Module):
 
 
 class BertForQuestionAnswering(nn.Module):
-  """[CLS] question [SEP] passage [SEP] -> (start_logits, end_logits), each [B, L] f32, with
-  every position outside `context_mask` (1 on passage tokens) masked out."""
+  """[CLS] question [SEP] passage-window [SEP] -> (start_logits, end_logits), each [B, L] f32,
+  with every position outside `context_mask` (1 on passage tokens) masked out except position
+  0, [CLS]: the target of windows that do not hold the answer (run_squad's out-of-span rule)."""
   config: BertConfig
 
   @nn.compact
@@ -72,8 +74,18 @@ class BertForQuestionAnswering(nn.Module):
     sequence, _ = BertModel(self.config, add_pooling_layer=False, name="bert")(
         input_ids, token_type_ids, attention_mask, deterministic)  # [B, L, H]
     logits = _head_dense(self.config, 2, "qa_outputs")(sequence).astype(jnp.float32)  # [B, L, 2]
-    logits = jnp.where(context_mask[..., None] > 0, logits, _MASKED_LOGIT)
+    logits = mask_qa_logits(logits, context_mask)
     return logits[..., 0], logits[..., 1]
+
+
+def mask_qa_logits(logits: jax.Array, context_mask: jax.Array) -> jax.Array:
+  """logits [B, L, 2] -> the same with every position but the passage (`context_mask` [B, L])
+  and [CLS] (position 0) set to a large negative value. Question, [SEP] and padding stay masked
+  (run_squad leaves them in its softmax, but they are never targets nor answers); [CLS] must
+  compete, or "the answer is not in this window" could not be learnt."""
+  is_cls = jnp.arange(context_mask.shape[-1]) == 0  # [L]
+  allowed = (context_mask > 0) | is_cls[None, :]  # [B, L]
+  return jnp.where(allowed[..., None], logits, _MASKED_LOGIT)
 
 
 def make_model(task: str, config: BertConfig, num_labels: int,
@@ -106,7 +118,8 @@ def _nll(logits, labels):
 def loss_sums(task: str, outputs, batch: dict, num_labels: int) -> dict[str, jax.Array]:
   """Summed loss and its count (f32 scalars) over the batch; `example_weight` [B] (0 on padding
   rows of eval batches), `label_weights` [B, L] (tagging: first pieces) and `answer_weight` [B]
-  (QA: 0 when truncation cut the answer off) weigh the terms."""
+  (QA: 0 on windows of a record without a gold answer) weigh the terms. A QA window that does
+  not hold the whole answer targets [CLS] (position 0) and weighs 1, as run_squad."""
   weight = batch.get("example_weight")
   if weight is None:
     weight = jnp.ones(batch["input_ids"].shape[:1], jnp.float32)
@@ -123,7 +136,7 @@ def loss_sums(task: str, outputs, batch: dict, num_labels: int) -> dict[str, jax
     return {"loss_sum": jnp.sum(per_token * token_weight), "loss_count": jnp.sum(token_weight)}
   if task == "qa":
     start_logits, end_logits = outputs
-    weight = weight * batch["answer_weight"].astype(jnp.float32)  # 0: answer truncated away.
+    weight = weight * batch["answer_weight"].astype(jnp.float32)  # 0: no gold answer.
     per_example = 0.5 * (_nll(start_logits, batch["start_positions"])
                          + _nll(end_logits, batch["end_positions"]))  # [B]
     return {"loss_sum": jnp.sum(per_example * weight), "loss_count": jnp.sum(weight)}

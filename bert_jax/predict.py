@@ -150,6 +150,13 @@ def load_finetuned(workdir: str) -> Finetuned:
                    step)
 
 
+def _doc_stride(meta: dict[str, Any]) -> int:
+  """The checkpoint's QA doc_stride. Checkpoints written before QA had windows have none: they
+  truncated passages at training time, and read with run_squad's default stride they still
+  get windows over the rest of a long passage."""
+  return meta["doc_stride"] if "doc_stride" in meta else 128
+
+
 def _outputs(finetuned: Finetuned, data: finetune_data.TaskData,
              batch_size: int) -> dict[str, np.ndarray]:
   task = finetuned.task
@@ -160,7 +167,7 @@ def _outputs(finetuned: Finetuned, data: finetune_data.TaskData,
     return {"start_logits": outputs[0], "end_logits": outputs[1]} if task == "qa" else {
         "logits": outputs}
 
-  gathered: dict[str, list[np.ndarray]] = {}
+  gathered: dict[str, list[np.ndarray]] = {}  # Per row (QA: per window).
   for indices, batch in finetune_data.eval_batches(data, batch_size):
     outputs = jax.device_get(forward(finetuned.params, batch))
     for name, value in outputs.items():
@@ -173,7 +180,8 @@ def predict(finetuned: Finetuned | str, records: Sequence[finetune_data.Record |
   """Predictions of a fine-tuned checkpoint (a workdir or `load_finetuned`'s result) for
   records ({"text", "text_b"?} dicts, or `finetune_data.read_records` output): per record
   {"label", "probabilities"} / {"score"} (regression) / {"words", "tags"} / {"answer", "start",
-  "end", "score"} (character offsets into text_b)."""
+  "end", "score"} (character offsets into text_b; a passage longer than one row is read in
+  windows of the checkpoint's doc_stride, merged into one answer)."""
   if isinstance(finetuned, str):
     finetuned = load_finetuned(finetuned)
   records = [r if isinstance(r, tuple) else ("<input>", i + 1, r)
@@ -182,7 +190,7 @@ def predict(finetuned: Finetuned | str, records: Sequence[finetune_data.Record |
   data = finetune_data.encode(
       finetuned.task, records, finetuned.vocab, labels=finetuned.labels,
       max_length=meta["max_seq_length"], max_query_length=meta["max_query_length"],
-      with_labels=False, regression=finetuned.regression)
+      doc_stride=_doc_stride(meta), with_labels=False, regression=finetuned.regression)
   outputs = _outputs(finetuned, data, batch_size)
   return finetune_eval.predictions(finetuned.task, outputs, data, finetuned.labels,
                                    meta["max_answer_length"])

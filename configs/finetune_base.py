@@ -40,8 +40,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.tfds_data_dir = ""  # TFDS data_dir ("" = TFDS's default).
   config.data.labels = ()  # Label names in index order; () = sorted labels of the train file.
   config.data.regression = False  # Classification: one float output trained with MSE.
-  config.data.max_seq_length = 128  # Pieces per example, specials included (longer: truncated).
+  config.data.max_seq_length = 128  # Pieces per row, specials included (longer: cut; QA: windows).
   config.data.max_query_length = 64  # QA: pieces of the question kept.
+  # QA: a passage that does not fit after the question becomes several overlapping windows
+  # (one model row each), the next starting this many pieces after the last (run_squad.py's
+  # --doc_stride, default 128); each piece is scored in the window where it has most context.
+  config.data.doc_stride = 128
   config.data.max_answer_length = 30  # QA: longest predicted answer, in pieces.
 
   # ---------------------------------------------------------------- train
@@ -49,9 +53,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.freeze_encoder = False  # True: train the head only; encoder stays bit-identical.
   config.train.batch_size = 32  # Global batch size (sequences per optimizer step).
   config.train.num_train_steps = 1000  # Optimizer steps.
-  config.train.optimizer = "adamw"  # "adamw" (BERT's) or "lamb".
+  # "bert_adamw" (google-research/bert's AdamWeightDecayOptimizer, as run_classifier/run_squad),
+  # "adamw" (optax, bias-corrected) or "lamb"; see configs/base.py.
+  config.train.optimizer = "bert_adamw"
+  config.train.schedule = "bert"  # "bert" (the original's) or "warmup_linear"; see base.py.
   config.train.learning_rate = 5e-5  # Peak learning rate (BERT's fine-tuning range 2e-5..5e-5).
-  config.train.warmup_steps = 100  # Linear warmup from 0, then linear decay to 0.
+  config.train.warmup_steps = 100  # Steps of linear warmup from 0.
   config.train.weight_decay = 0.01  # Decoupled weight decay; not on LayerNorm or biases.
   config.train.b1 = 0.9  # Adam beta1.
   config.train.b2 = 0.999  # Adam beta2.

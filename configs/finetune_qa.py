@@ -1,4 +1,5 @@
-"""Extractive QA (SQuAD v1.1-style): start/end logits over the passage (`text_b`).
+"""Extractive QA (SQuAD v1.1-style): start/end logits over the passage (`text_b`), long passages
+in overlapping windows merged per question at evaluation (google-research/bert's run_squad.py).
 
 Run:
   python launch/finetune.py --config=configs/finetune_qa.py --workdir=runs/squad \
@@ -18,6 +19,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.task = "qa"
   config.data.max_seq_length = 384
   config.data.max_query_length = 64
+  config.data.doc_stride = 128  # run_squad.py's SQuAD settings: 384 / 64 / 128 / 30.
   config.data.max_answer_length = 30
   config.train.batch_size = 32
   config.train.learning_rate = 3e-5

@@ -8,7 +8,8 @@ r"""Predictions from the command line.
   python launch/predict.py --mode=tag --checkpoint=runs/ner --input_file=x.jsonl
 
 fill_mask reads any pretrained checkpoint `load_pretrained` reads (with its MLM head);
-classify / tag / qa read a `launch/finetune.py` workdir and print one JSON line per input.
+classify / tag / qa read a `launch/finetune.py` workdir and print one JSON line per input (qa:
+one answer per question, however many windows of max_seq_length its passage takes).
 """
 
 import json

@@ -12,7 +12,8 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import finetune, finetune_data, finetune_eval, heads, predict, pretrained, train
+from bert_jax import (finetune, finetune_data, finetune_eval, heads, predict, pretrained,
+                      sharding, train)
 from bert_jax.data import prepare
 from bert_jax.data.vocab import Vocab, train_sentencepiece
 from configs import finetune_classification, finetune_qa, finetune_tagging, tiny
@@ -100,15 +101,16 @@ def _tagging_rows(n, rng):
   return rows
 
 
-def _qa_rows(n, rng):
-  """A passage of filler words holding a person (1-2 words), a number (1-4 digit pieces) and a
-  color; the question asks for one of them: the answer is a span found through the question."""
+def _qa_rows(n, rng, max_filler=8):
+  """A passage of filler words (4 to `max_filler`) holding a person (1-2 words), a number (1-4
+  digit pieces) and a color; the question asks for one of them: the answer is a span found
+  through the question."""
   rows = []
   for _ in range(n):
     entities = {"person": rng.choice(NAMES) + (f" {rng.choice(SURNAMES)}" if rng.random() < 0.5
                                                else ""),
                 "number": str(rng.randint(0, 9999)), "color": rng.choice(COLORS)}
-    words = rng.sample(FILLER, rng.randint(4, 8))
+    words = rng.sample(FILLER, rng.randint(4, max_filler))
     for slot, kind in zip(sorted(rng.sample(range(len(words) + 1), 3), reverse=True),
                           rng.sample(list(entities), 3)):
       words.insert(slot, kind)
@@ -285,15 +287,30 @@ def test_tagging_learns_bio_entities_on_first_pieces(tmp_path):
 
 
 def test_qa_learns_spans_and_maps_them_to_characters(tmp_path):
+  """Passages of up to ~22 pieces in rows of 24 (18 for the passage): about a third take two or
+  three windows (stride 6), whose windows without the answer learn to point at [CLS]."""
   vocab = _task_vocab(tmp_path)
-  config = finetune_config(finetune_qa, tmp_path, _qa_rows, 200, vocab=vocab, n_train=640)
+  rows = lambda n, rng: _qa_rows(n, rng, max_filler=14)
+  config = finetune_config(finetune_qa, tmp_path, rows, 200, vocab=vocab, n_train=640,
+                           seq_len=24)
+  config.data.doc_stride = 6
   result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
-  print("qa:", result["final"])
-  # Chance: one of ~10 passage words (spans of several pieces make it lower still).
+  print("qa:", result["final"], "train windows:", result["train_windows"])
+  assert result["train_windows"] > 700 and result["final"]["windows"] > 70
+  assert result["final"]["examples"] == 64  # Scored per question, not per window.
+  # Chance: one of ~15 passage words (spans of several pieces make it lower still).
   assert result["final"]["exact_match"] >= 0.6 and result["final"]["f1"] >= 0.6
-  context = "we went home with Carol Jones and 73 red friends."
-  answers = predict.predict(str(tmp_path / "run"), [
-      {"text": "who paid?", "text_b": context}, {"text": "what color?", "text_b": context}])
+  # Windows over pieces 0-17, 6-23, 12-24: every answer ends past the first one.
+  context = ("we went home with some friends in town at night and then they saw it there today "
+             "Carol Jones and 73 red friends.")
+  finetuned = predict.load_finetuned(str(tmp_path / "run"))
+  records = [{"text": q, "text_b": context} for q in ("who paid?", "what color?", "how many?")]
+  encoded = finetune_data.encode("qa", [("x", 1, r) for r in records], finetuned.vocab,
+                                 max_length=24, doc_stride=6, with_labels=False)
+  assert [(w.doc_start, w.doc_length) for w in encoded.windows[:3]] == [(0, 18), (6, 18),
+                                                                        (12, 13)]
+  answers = predict.predict(finetuned, records)
+  assert len(answers) == 3
   for answer in answers:
     assert context[answer["start"]:answer["end"]] == answer["answer"]
   assert answers[1]["answer"] == "red", answers
@@ -402,13 +419,24 @@ def test_long_text_is_truncated_and_counted(tmp_path):
   tags = finetune_data.encode("tagging", long_tags, vocab, labels=["O", "B-PER"], max_length=8)
   assert tags.num_truncated == 1 and tags.arrays["label_weights"].sum() == 6
   assert tags.examples[0]["word_positions"][6:] == [-1] * 14
+  # A QA passage is never cut: it takes windows (room for 24 - 3 - 3 = 18 of its 43 pieces).
   context = "we saw " * 20 + "Bob paid."
   qa = [("q", 1, {"text": "who paid?", "text_b": context,
                   "answers": [{"text": "Bob", "answer_start": context.index("Bob")}]})]
-  dropped = finetune_data.encode("qa", qa, vocab, max_length=24, is_training=True)
-  assert dropped.num_truncated == 1 and dropped.num_dropped == 1 and len(dropped) == 0
-  kept = finetune_data.encode("qa", qa, vocab, max_length=24)  # Eval keeps it, unanswerable.
-  assert len(kept) == 1 and kept.arrays["answer_weight"][0] == 0
+  for is_training in (True, False):  # Eval rows get the training targets (for its loss).
+    windows = finetune_data.encode("qa", qa, vocab, max_length=24, doc_stride=16,
+                                   is_training=is_training)
+    assert (windows.num_truncated, windows.num_dropped, windows.num_split) == (0, 0, 1)
+    assert len(windows.examples) == 1 and len(windows) == 3
+    assert [(w.doc_start, w.doc_length) for w in windows.windows] == [(0, 18), (16, 18), (32, 11)]
+    # Only the last window holds "Bob" (piece 40): the others point at [CLS], and all weigh 1.
+    np.testing.assert_array_equal(windows.arrays["start_positions"], [0, 0, 5 + 40 - 32])
+    np.testing.assert_array_equal(windows.arrays["end_positions"], [0, 0, 5 + 40 - 32])
+    np.testing.assert_array_equal(windows.arrays["answer_weight"], [1, 1, 1])
+  long_question = [("q", 1, {"text": "who paid? " * 10, "text_b": "Bob paid."})]
+  cut = finetune_data.encode("qa", long_question, vocab, max_length=24, max_query_length=8,
+                             with_labels=False)
+  assert cut.num_truncated == 1 and cut.windows[0].offset == 10
 
 
 # --------------------------------------------------------------- tokenization and metrics
@@ -455,8 +483,8 @@ def test_labels_and_offsets_follow_the_pieces(tmp_path):
   start, end = data.arrays["start_positions"][0], data.arrays["end_positions"][0]
   pieces = [vocab.id_to_piece(i) for i in data.arrays["input_ids"][0][start:end + 1]]
   assert pieces == ["4", "##0", "##9", "##6"]
-  spans = data.examples[0]["token_spans"]
-  assert context[spans[start][0]:spans[end][1]] == "4096"
+  spans, offset = data.examples[0]["piece_spans"], data.windows[0].offset
+  assert context[spans[start - offset][0]:spans[end - offset][1]] == "4096"
   assert data.arrays["context_mask"][0].sum() == np.sum(data.arrays["token_type_ids"][0]) - 1
 
   # Best span: inside the passage, start <= end, length-capped.
@@ -467,6 +495,158 @@ def test_labels_and_offsets_follow_the_pieces(tmp_path):
   # (1, 2) scores 18 but lies outside the passage; (5, 4) scores 10 but ends before it starts.
   assert finetune_eval.best_span(start_logits, end_logits, mask, 30)[:2] == (3, 4)
   assert finetune_eval.best_span(start_logits, end_logits, mask, 1)[:2] == (4, 4)
+
+
+def _run_squad_windows(num_pieces, max_tokens_for_doc, doc_stride):
+  """google-research/bert run_squad.py's doc spans and `_check_is_max_context`, transcribed
+  loop for loop: the reference the vectorised versions are held to."""
+  spans, start_offset = [], 0
+  while start_offset < num_pieces:
+    length = num_pieces - start_offset
+    if length > max_tokens_for_doc:
+      length = max_tokens_for_doc
+    spans.append((start_offset, length))
+    if start_offset + length == num_pieces:
+      break
+    start_offset += min(length, doc_stride)
+
+  def is_max_context(cur_span_index, position):
+    best_score, best_span_index = None, None
+    for span_index, (start, length) in enumerate(spans):
+      end = start + length - 1
+      if position < start or position > end:
+        continue
+      score = min(position - start, end - position) + 0.01 * length
+      if best_score is None or score > best_score:
+        best_score, best_span_index = score, span_index
+    return cur_span_index == best_span_index
+
+  flags = [[is_max_context(i, start + k) for k in range(length)]
+           for i, (start, length) in enumerate(spans)]
+  return spans, flags
+
+
+QA_CONTEXT = "we saw it there today and then they Bob paid home"  # 11 pieces, one per word.
+
+
+def _qa_records(*rows):
+  return [("q.jsonl", line, {"text": question, "text_b": context,
+                             "answers": [{"text": answer, "answer_start": context.index(answer)}]})
+          for line, (question, context, answer) in enumerate(rows, start=1)]
+
+
+def test_qa_windows_follow_run_squad(tmp_path):
+  """[CLS] who paid ? [SEP] + 6 passage pieces + [SEP] in 12 positions, stride 3, worked by hand:
+  windows over pieces 0-5, 3-8, 6-10. Max context, min(left, right) + 0.01 * length: piece 4
+  ties 1.06 in windows 0 and 1 (the first wins), piece 7 has 1.06 in window 1 and 1.05 in the
+  shorter window 2."""
+  vocab = Vocab.load(_task_vocab(tmp_path))
+  assert finetune_data.doc_spans(11, 6, 3) == [(0, 6), (3, 6), (6, 5)]
+  np.testing.assert_array_equal(finetune_data.max_context_windows([(0, 6), (3, 6), (6, 5)], 11),
+                                [0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2])
+  data = finetune_data.encode("qa", _qa_records(("who paid?", QA_CONTEXT, "Bob paid")), vocab,
+                              max_length=12, doc_stride=3, is_training=True)
+  assert len(data) == 3 and len(data.examples) == 1 and data.num_split == 1
+  windows = data.windows
+  assert [(w.example, w.doc_start, w.doc_length, w.offset) for w in windows] == [
+      (0, 0, 6, 5), (0, 3, 6, 5), (0, 6, 5, 5)]
+  assert [w.max_context.tolist() for w in windows] == [
+      [True] * 5 + [False], [False, False, True, True, True, False], [False, False, True, True,
+                                                                       True]]
+  pieces = [vocab.id_to_piece(i) for i in data.arrays["input_ids"][2]]
+  assert pieces == ["[CLS]", "who", "paid", "?", "[SEP]", "then", "they", "Bob", "paid", "home",
+                    "[SEP]", "[PAD]"]
+  np.testing.assert_array_equal(data.arrays["token_type_ids"][2], [0] * 5 + [1] * 6 + [0])
+  np.testing.assert_array_equal(data.arrays["context_mask"][2], [0] * 5 + [1] * 5 + [0] * 2)
+  # "Bob paid" is pieces 8-9: whole only in window 2; window 1 holds "Bob" alone, so, as window
+  # 0, it points at [CLS] (run_squad's out-of-span rule), with full weight.
+  np.testing.assert_array_equal(data.arrays["start_positions"], [0, 0, 7])
+  np.testing.assert_array_equal(data.arrays["end_positions"], [0, 0, 8])
+  np.testing.assert_array_equal(data.arrays["answer_weight"], [1, 1, 1])
+
+  # The vectorised windows and flags equal run_squad's loops on every small case.
+  for num_pieces in range(0, 30):
+    for room in range(1, 12):
+      for stride in range(1, 14):
+        spans, flags = _run_squad_windows(num_pieces, room, stride)
+        ours = finetune_data.doc_spans(num_pieces, room, stride)
+        assert ours == (spans or [(0, 0)]), (num_pieces, room, stride)
+        best = finetune_data.max_context_windows(ours, num_pieces)
+        assert [(best[s:s + n] == i).tolist() for i, (s, n) in enumerate(spans)] == flags
+
+
+def test_qa_head_lets_cls_be_the_out_of_window_target():
+  context_mask = np.array([[0, 0, 0, 1, 1, 1, 0, 0]], np.int32)  # [CLS] q [SEP] p p p [SEP] pad
+  logits = np.asarray(heads.mask_qa_logits(np.ones((1, 8, 2), np.float32), context_mask))
+  np.testing.assert_array_equal(logits[0, [0, 3, 4, 5]], 1.0)  # [CLS] and the passage compete.
+  np.testing.assert_array_equal(logits[0, [1, 2, 6, 7]], -1e9)  # Question, [SEP], padding don't.
+  batch = {"input_ids": context_mask, "start_positions": np.int32([0]),
+           "end_positions": np.int32([0]), "answer_weight": np.float32([1])}
+  sums = heads.loss_sums("qa", (logits[..., 0], logits[..., 1]), batch, 0)
+  assert float(sums["loss_sum"]) == pytest.approx(np.log(4)) and float(sums["loss_count"]) == 1
+
+
+def test_qa_decoding_merges_windows_with_max_context(tmp_path):
+  vocab = Vocab.load(_task_vocab(tmp_path))
+  data = finetune_data.encode("qa", _qa_records(("who paid?", QA_CONTEXT, "Bob paid")), vocab,
+                              max_length=12, doc_stride=3)
+  start = np.full((3, 12), -10.0, np.float32)  # [windows, L]
+  end = start.copy()
+  # The answer is past the first window: pieces 8-9, at positions 7-8 of window 2.
+  start[2, 7], end[2, 8] = 3.0, 3.0
+  (answer,) = finetune_eval.predictions("qa", {"start_logits": start, "end_logits": end}, data,
+                                        [])
+  begin = QA_CONTEXT.index("Bob paid")
+  assert answer == {"answer": "Bob paid", "start": begin, "end": begin + 8, "score": 6.0}
+  # Window 1 scores "Bob" (piece 8 at its position 10) far higher, but piece 8 has its maximum
+  # context in window 2, so a start there only counts in window 2 (run_squad's
+  # token_is_max_context); without that rule window 1's span would win.
+  start[1, 10], end[1, 10] = 9.0, 9.0
+  (answer,) = finetune_eval.predictions("qa", {"start_logits": start, "end_logits": end}, data,
+                                        [])
+  assert answer["answer"] == "Bob paid" and answer["score"] == 6.0
+  assert finetune_eval.best_span(start[1], end[1], data.arrays["context_mask"][1], 30) == (
+      10, 10, 18.0)
+  # Only the start needs its max context: "then they Bob" starts at piece 6 (max context in
+  # window 1) and ends at piece 8 (max context in window 2), inside window 1.
+  start[1, 8] = 12.0
+  (answer,) = finetune_eval.predictions("qa", {"start_logits": start, "end_logits": end}, data,
+                                        [])
+  assert answer["answer"] == "then they Bob" and answer["score"] == 21.0
+
+
+def test_qa_eval_scores_each_question_once_over_its_windows(tmp_path):
+  """finetune.evaluate with an oracle for a model: it points at each window's target, [CLS]
+  in the windows without the answer. Merged per question the answers are exact; scored per
+  window they would not be (those windows' best passage spans are wrong)."""
+  vocab = Vocab.load(_task_vocab(tmp_path))
+  other = "Carol Jones paid 4096 then 7 red friends went home"
+  records = _qa_records(("who paid?", QA_CONTEXT, "Bob paid"), ("how many?", other, "7"),
+                        ("what color?", other, "red"), ("who paid?", "Dave paid .", "Dave"))
+  data = finetune_data.encode("qa", records, vocab, max_length=12, doc_stride=3)
+  assert len(data.examples) == 4 and len(data) == 3 + 4 + 4 + 1
+
+  def oracle(params, batch):
+    del params
+    length = batch["input_ids"].shape[1]
+    outputs = {"start_logits": jax.nn.one_hot(batch["start_positions"], length) * 10.0,
+               "end_logits": jax.nn.one_hot(batch["end_positions"], length) * 10.0}
+    weight = batch["example_weight"] * batch["answer_weight"]
+    return outputs, {"loss_sum": weight.sum() * 0.0, "loss_count": weight.sum()}
+
+  config = finetune_qa.get_config()
+  config.data.update(max_seq_length=12, doc_stride=3)
+  config.train.eval_batch_size = 8
+  mesh = sharding.make_mesh(config.mesh)
+  scores = finetune.evaluate(config, None, data, [], oracle, mesh)
+  assert scores["examples"] == 4 and scores["windows"] == 12
+  assert scores["exact_match"] == 1.0 and scores["f1"] == 1.0
+  outputs, _ = finetune.run_eval(None, data, oracle, mesh, 8)
+  per_window = [finetune_eval.best_span(outputs["start_logits"][row],
+                                        outputs["end_logits"][row],
+                                        data.arrays["context_mask"][row], 30)
+                for row in range(len(data))]
+  assert sum(score < 20 for _, _, score in per_window) == 6  # Windows without the answer.
 
 
 def test_sentencepiece_fill_mask_input_and_piece_offsets(tmp_path):
