@@ -102,9 +102,10 @@ class BertJaxWorker:
     sys.path.insert(0, REPO)
     import flax.linen as nn
     import jax
-    from bert_jax import optimizer as optimizer_lib, sharding, train
+    from bert_jax import sharding, trainer
     from bert_jax.masking import MaskingConfig
-    from bert_jax.model import BertConfig, BertForPreTraining
+    from bert_jax.model import BertConfig
+    from bert_jax.tasks import PretrainingTask
     from configs import base
     self.jax = jax
     config = base.get_config()
@@ -115,24 +116,21 @@ class BertJaxWorker:
     config.masking.max_predictions_per_seq = predictions
     config.mesh.data = 1
     model_config = BertConfig.from_config(config.model)
-    model = BertForPreTraining(model_config)
-    optimizer = optimizer_lib.make_optimizer(config.train)
     masking = MaskingConfig.from_config(config.masking, vocab_size=config.model.vocab_size,
                                         mask_token_id=MASK,
                                         special_token_ids=(PAD, 1, CLS, SEP, MASK), unk_token_id=1)
     host = make_batch(batch, length, predictions)
     host = {k: host[k] for k in ("input_ids", "token_type_ids", "attention_mask", "word_starts",
                                  "next_sentence_label")}
+    task = PretrainingTask(model_config, masking, length)
     self.mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
-      shardings, _ = train.state_shardings_and_shapes(config, model, optimizer, self.mesh)
-      self.state = train.init_sharded_state(config, model, optimizer, shardings,
-                                            jax.random.key(0))
+      program = trainer.make_program(config, task, self.mesh)
+      self.state = program.init(jax.random.key(0))
       self.batch = sharding.global_batch_from_local(host, self.mesh)
       self.key = jax.random.key(1)
       start = time.perf_counter()
-      self.step = train.jit_train_step(config, model, optimizer, masking, shardings).lower(
-          self.state, self.batch, self.key).compile()
+      self.step = program.train_step.lower(self.state, self.batch, self.key).compile()
       compile_s = time.perf_counter() - start
     cost = self.step.cost_analysis()
     cost = cost[0] if isinstance(cost, list) else cost

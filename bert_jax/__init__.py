@@ -2,7 +2,7 @@
 
 
 def load_pretrained(*args, **kwargs):
-  """See `bert_jax.pretrained.load_pretrained`: (config, params, vocab) from a bert_jax,
+  """See `bert_jax.weights.load_pretrained`: (config, params, vocab) from a bert_jax,
   training-workdir, HuggingFace or TensorFlow checkpoint."""
-  from bert_jax import pretrained  # pylint: disable=import-outside-toplevel
-  return pretrained.load_pretrained(*args, **kwargs)
+  from bert_jax import weights  # pylint: disable=import-outside-toplevel
+  return weights.load_pretrained(*args, **kwargs)

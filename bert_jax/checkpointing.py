@@ -1,24 +1,39 @@
-"""orbax checkpoints of the train state, the data-iterator state and the run's metadata.
+"""The one owner of bert_jax's checkpoint layout: orbax checkpoints of training runs (pretraining
+and fine-tuning alike), the fine-tuned "best" export, and the readers everything else uses.
 
-A checkpoint `<workdir>/checkpoints/<step>/` holds three items:
-- `state`: params, optimizer state and step (each process writes its own shards);
+A training checkpoint `<workdir>/checkpoints/<step>/` holds four items:
+- `state`: the TrainState (step, params, optimizer state; each process writes its shards);
 - `data`: the input iterator's position, one JSON file per process (grain's handler), taken
   when the batch of the checkpointed step was consumed, not when it was prefetched;
-- `meta`: the config, the model config and the vocabulary files, so a checkpoint is
-  self-contained for fine-tuning, prediction and export.
-Checkpoints are written asynchronously and appear only once complete, so a crash mid-save never
-leaves one that restore would pick.
+- `meta`: JSON: the config, the model config and what the task needs to be rebuilt;
+- `vocab`: the vocabulary files (`Vocab.save`), so a checkpoint is self-contained.
+A fine-tuning run also exports its best params to `<workdir>/best/<step>/` (`params`, `meta`,
+`vocab`; the newest best only), which prediction and export read.
+Checkpoints are written asynchronously and appear only once complete (orbax renames a finished
+temporary directory), so a crash mid-save never leaves one that a reader would pick.
 """
 
-import base64
+import dataclasses
 import json
 import os
 from typing import Any
 
 import grain
 import jax
+import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
+from etils import epath
+
+from bert_jax.data.vocab import Vocab
+
+CHECKPOINTS_DIR = "checkpoints"
+BEST_DIR = "best"
+_TRAIN_ITEMS = ("state", "data", "meta", "vocab")
+_EXPORT_ITEMS = ("params", "meta", "vocab")
+
+
+# ------------------------------------------------------------------- custom orbax items
 
 
 class _IteratorStateItem:
@@ -32,33 +47,53 @@ class _IteratorStateItem:
     return self.state
 
 
-def encode_files(directory: str) -> dict[str, str]:
-  """The files of a (vocabulary) directory as base64 text, to store in `meta`."""
-  return {name: base64.b64encode(open(os.path.join(directory, name), "rb").read()).decode()
-          for name in sorted(os.listdir(directory))
-          if os.path.isfile(os.path.join(directory, name))}
+class VocabHandler(ocp.CheckpointHandler):
+  """The vocabulary as its own files (`Vocab.save`) in the item directory; restores a Vocab."""
+
+  def save(self, directory: epath.Path, args: "VocabSave") -> None:
+    if jax.process_index() == 0:  # One copy; every process sees the same vocabulary.
+      args.vocab.save(os.fspath(directory))
+
+  def restore(self, directory: epath.Path, args: "VocabRestore | None" = None) -> Vocab:
+    del args
+    return Vocab.load(os.fspath(directory))
+
+  def metadata(self, directory: epath.Path) -> None:
+    del directory
+
+  def finalize(self, directory: epath.Path) -> None:
+    del directory
+
+  def close(self) -> None:
+    pass
 
 
-def decode_files(files: dict[str, str], directory: str) -> str:
-  os.makedirs(directory, exist_ok=True)
-  for name, data in files.items():
-    with open(os.path.join(directory, name), "wb") as f:
-      f.write(base64.b64decode(data))
-  return directory
+@ocp.args.register_with_handler(VocabHandler, for_save=True)
+@dataclasses.dataclass
+class VocabSave(ocp.args.CheckpointArgs):
+  vocab: Vocab
+
+
+@ocp.args.register_with_handler(VocabHandler, for_restore=True)
+@dataclasses.dataclass
+class VocabRestore(ocp.args.CheckpointArgs):
+  pass
+
+
+# ------------------------------------------------------------------- training checkpoints
 
 
 class Checkpointer:
-  """Keep-N, interval-based, asynchronous checkpoints with automatic resume."""
+  """Keep-N, interval-based, asynchronous training checkpoints with automatic resume."""
 
-  def __init__(self, directory: str, checkpoint_config):
-    self.directory = os.path.abspath(directory)
+  def __init__(self, workdir: str, checkpoint_config):
+    self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINTS_DIR)
     self.save_every_steps = checkpoint_config.save_every_steps
     options = ocp.CheckpointManagerOptions(
         max_to_keep=checkpoint_config.max_to_keep,
-        enable_async_checkpointing=checkpoint_config.async_save,
-        create=True)
+        enable_async_checkpointing=checkpoint_config.async_save, create=True)
     self.manager = ocp.CheckpointManager(self.directory, options=options,
-                                         item_names=("state", "data", "meta"))
+                                         item_names=_TRAIN_ITEMS)
 
   def latest_step(self) -> int | None:
     return self.manager.latest_step()
@@ -67,21 +102,23 @@ class Checkpointer:
     """Every `save_every_steps` steps (orbax's own policy would also save the first step)."""
     return self.save_every_steps > 0 and step % self.save_every_steps == 0
 
-  def save(self, step: int, state, data_state: bytes, meta: dict[str, Any]) -> bool:
-    args = ocp.args.Composite(
-        state=ocp.args.StandardSave(state),
-        data=grain.checkpoint.CheckpointSave(_IteratorStateItem(data_state)),
-        meta=ocp.args.JsonSave(meta))
-    return self.manager.save(step, args=args, force=True)
+  def save(self, step: int, state, data_state: bytes, meta: dict[str, Any],
+           vocab: Vocab | None) -> None:
+    items = dict(state=ocp.args.StandardSave(state),
+                 data=grain.checkpoint.CheckpointSave(_IteratorStateItem(data_state)),
+                 meta=ocp.args.JsonSave(to_json(meta)))
+    if vocab is not None:
+      items["vocab"] = VocabSave(vocab)
+    self.manager.save(step, args=ocp.args.Composite(**items), force=True)
 
   def read_meta(self, step: int) -> dict[str, Any]:
-    return self.manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
+    return read_meta(os.path.join(self.directory, str(step)))
 
-  def restore(self, step: int, abstract_state) -> tuple[Any, bytes, dict[str, Any]]:
-    """-> (state with the shardings of `abstract_state`, data-iterator state, meta)."""
+  def restore(self, step: int, abstract_state) -> tuple[Any, bytes]:
+    """-> (state with the shardings of `abstract_state`, this process's iterator state)."""
     restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-    return restored["state"], self._read_data_state(step), restored["meta"]
+        state=ocp.args.StandardRestore(abstract_state)))
+    return restored["state"], self._read_data_state(step)
 
   def _read_data_state(self, step: int) -> bytes:
     """This process's iterator state. A checkpoint from another number of processes is
@@ -91,9 +128,9 @@ class Checkpointer:
     count, index = jax.process_count(), jax.process_index()
     own = os.path.join(directory, f"process_{index}-of-{count}.json")
     if os.path.exists(own):
-      return open(own, "rb").read()
+      return _read_bytes(own)
     files = sorted(f for f in os.listdir(directory) if f.startswith("process_"))
-    states = {open(os.path.join(directory, f), "rb").read() for f in files}
+    states = {_read_bytes(os.path.join(directory, f)) for f in files}
     if len(states) != 1:
       written_by = files[0].split("-of-")[1].split(".")[0] if files else "?"
       raise ValueError(
@@ -112,16 +149,128 @@ class Checkpointer:
     self.manager.close()
 
 
-def check_compatible(saved_meta: dict[str, Any], model_config: dict[str, Any],
-                     directory: str) -> None:
-  """Refuses to resume from a checkpoint of a different model shape, naming the fields."""
-  saved = saved_meta.get("model_config", {})
-  shape_fields = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                  "intermediate_size", "max_position_embeddings", "type_vocab_size")
-  diffs = [f"{k}: checkpoint {saved.get(k)} vs config {model_config[k]}"
-           for k in shape_fields if saved.get(k) != model_config[k]]
+class BestExport:
+  """The best params of a run so far (by the task's main metric) in `<workdir>/best/<step>/`."""
+
+  def __init__(self, workdir: str):
+    self.directory = os.path.join(os.path.abspath(workdir), BEST_DIR)
+    self.manager = ocp.CheckpointManager(
+        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True),
+        item_names=_EXPORT_ITEMS)
+
+  def latest_step(self) -> int | None:
+    return self.manager.latest_step()
+
+  def save(self, step: int, params, meta: dict[str, Any], vocab: Vocab) -> None:
+    if jax.process_count() == 1:
+      # Host copies: orbax would otherwise compile a slice per replicated shard (seconds on CPU).
+      params = jax.device_get(params)
+    self.manager.save(step, args=ocp.args.Composite(
+        params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(to_json(meta)),
+        vocab=VocabSave(vocab)), force=True)
+
+  def wait_until_finished(self) -> None:
+    self.manager.wait_until_finished()
+
+  def close(self) -> None:
+    self.manager.close()
+
+
+# ----------------------------------------------------------------------------- readers
+
+
+def _read_bytes(path: str) -> bytes:
+  with open(path, "rb") as f:
+    return f.read()
+
+
+def _complete_steps(directory: str) -> list[int]:
+  if not os.path.isdir(directory):
+    return []
+  return sorted(int(n) for n in os.listdir(directory)
+                if n.isdigit() and os.path.isdir(os.path.join(directory, n, "meta")))
+
+
+def find_step_dir(path: str) -> str | None:
+  """The checkpoint a path means: a step directory itself, the newest step of a `checkpoints/`
+  or `best/` directory, or of a workdir (its best export if it has one, else its newest
+  training checkpoint). None when there is none (yet)."""
+  path = os.path.abspath(path)
+  if os.path.isdir(os.path.join(path, "meta")):
+    return path
+  for directory in (os.path.join(path, BEST_DIR), os.path.join(path, CHECKPOINTS_DIR), path):
+    steps = _complete_steps(directory)
+    if steps:
+      return os.path.join(directory, str(steps[-1]))
+  return None
+
+
+def read_meta(step_dir: str) -> dict[str, Any]:
+  """The `meta` item of a checkpoint (orbax's JSON item file, read without a manager)."""
+  meta_file = os.path.join(step_dir, "meta", "metadata")
+  if not os.path.isfile(meta_file):
+    raise ValueError(f"{step_dir}: no meta item ({meta_file}); not a bert_jax checkpoint")
+  try:
+    with open(meta_file, encoding="utf-8") as f:
+      return json.load(f)
+  except json.JSONDecodeError as e:
+    raise ValueError(f"{meta_file} is not valid JSON ({e})") from e
+
+
+def read_vocab(step_dir: str) -> Vocab | None:
+  """The checkpoint's vocabulary, or None when it was saved without one."""
+  directory = os.path.join(step_dir, "vocab")
+  return Vocab.load(directory) if os.path.isdir(directory) and os.listdir(directory) else None
+
+
+def restore_params(step_dir: str) -> dict:
+  """The params of a checkpoint as float numpy, without knowing its optimizer state: the
+  `params` item of a best export, or `params` of a training checkpoint's `state`."""
+  if os.path.isdir(os.path.join(step_dir, "params")):
+    return restore_tree(os.path.join(step_dir, "params"))
+  return restore_tree(os.path.join(step_dir, "state"), subtree="params")
+
+
+def save_tree(directory: str, tree) -> None:
+  """A pytree as an orbax checkpoint of its own (e.g. a pretrained directory's `params/`)."""
+  with ocp.StandardCheckpointer() as checkpointer:
+    checkpointer.save(os.path.abspath(directory), tree)
+    checkpointer.wait_until_finished()
+
+
+def restore_tree(directory: str, subtree: str | None = None) -> dict:
+  """An orbax PyTree checkpoint (or one subtree of it, e.g. a TrainState's `params`) as numpy,
+  without knowing the rest of its structure."""
+  try:
+    # The handler's metadata: the tree alone (the checkpointer's also looks for step metadata,
+    # which lives one level up in a training checkpoint, and warns that it is missing).
+    tree = ocp.PyTreeCheckpointHandler().metadata(epath.Path(directory))
+    if subtree is not None:
+      if subtree not in tree:
+        raise ValueError(f"no '{subtree}' in the checkpoint (it holds {sorted(tree)})")
+      tree = {subtree: tree[subtree]}
+    restore_args = jax.tree.map(lambda _: ocp.RestoreArgs(restore_type=np.ndarray), tree)
+    restored = ocp.PyTreeCheckpointer().restore(directory, args=ocp.args.PyTreeRestore(
+        item=tree, restore_args=restore_args, partial_restore=subtree is not None))
+  except (OSError, ValueError, KeyError, RuntimeError) as e:
+    raise ValueError(f"cannot restore the orbax checkpoint {directory} ({e})") from e
+  return restored[subtree] if subtree is not None else restored
+
+
+# ------------------------------------------------------------------------------ checks
+
+
+SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+                "intermediate_size", "max_position_embeddings", "type_vocab_size")
+
+
+def check_compatible(saved_model_config: dict[str, Any], model_config: dict[str, Any],
+                     where: str) -> None:
+  """Refuses to resume (or initialise) from a checkpoint of a different model shape."""
+  diffs = [f"{k}: checkpoint {saved_model_config.get(k)} vs config {model_config[k]}"
+           for k in SHAPE_FIELDS if saved_model_config.get(k) != model_config[k]]
   if diffs:
-    raise ValueError(f"The checkpoint in {directory} is of a different model ("
+    raise ValueError(f"The checkpoint in {where} is of a different model ("
                      + "; ".join(diffs) + "). Use another --workdir, or set config.model "
                      "to match the checkpoint.")
 

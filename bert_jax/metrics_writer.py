@@ -8,6 +8,12 @@ import time
 import jax
 
 
+def console(message: str) -> None:
+  """A line on the console, from process 0 only."""
+  if jax.process_index() == 0:
+    print(message, file=sys.stdout, flush=True)
+
+
 class MetricWriter:
   """Writes one record per logged step. On processes other than 0 every call is a no-op."""
 
@@ -36,8 +42,7 @@ class MetricWriter:
       self._tensorboard.flush()
 
   def log(self, message: str) -> None:
-    if self.enabled:
-      print(message, file=sys.stdout, flush=True)
+    console(message)
 
   def close(self) -> None:
     if self._jsonl is not None:

@@ -85,8 +85,17 @@ def bert_adamw(learning_rate: optax.ScalarOrSchedule, b1: float, b2: float, eps:
       optax.scale_by_learning_rate(learning_rate))
 
 
-def make_optimizer(train_config) -> optax.GradientTransformation:
-  """config.train -> clip by global norm (if max_grad_norm > 0), then the optimizer."""
+def make_optimizer(train_config, frozen: tuple[str, ...] = ()) -> optax.GradientTransformation:
+  """config.train -> clip by global norm (if max_grad_norm > 0), then the optimizer. Top-level
+  params subtrees named in `frozen` get `optax.set_to_zero` (no updates, no optimizer state)."""
+  optimizer = _clipped_optimizer(train_config)
+  if not frozen:
+    return optimizer
+  labels = lambda params: {k: "frozen" if k in frozen else "trained" for k in params}
+  return optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels)
+
+
+def _clipped_optimizer(train_config) -> optax.GradientTransformation:
   schedule = learning_rate_schedule(train_config)
   kwargs = dict(learning_rate=schedule, b1=train_config.b1, b2=train_config.b2,
                 eps=train_config.eps, weight_decay=train_config.weight_decay, mask=decay_mask)

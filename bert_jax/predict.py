@@ -10,16 +10,12 @@ from __future__ import annotations
 import dataclasses
 import functools
 import os
-import tempfile
 from typing import Any, Sequence
 
-import flax.linen as nn
 import jax
-import jax.numpy as jnp
 import numpy as np
-import orbax.checkpoint as ocp
 
-from bert_jax import checkpointing, finetune_data, finetune_eval, heads
+from bert_jax import checkpointing, finetune_data, tasks
 from bert_jax.data.vocab import Vocab
 from bert_jax.model import BertConfig, BertForPreTraining
 
@@ -61,12 +57,12 @@ def _mlm_forward(config: BertConfig):
 def fill_mask(checkpoint: str | tuple[BertConfig, dict, Vocab], text: str,
               top_k: int = 5) -> list[list[tuple[str, float]]]:
   """For each [MASK] in `text` (left to right), the `top_k` (token, probability) of the MLM
-  head, special tokens left out. `checkpoint` is anything `load_pretrained` reads (with its MLM
-  head and vocabulary), or its loaded (config, params, vocab)."""
+  head, special tokens left out. `checkpoint` is anything `weights.load_pretrained` reads (with
+  its MLM head and vocabulary), or its loaded (config, params, vocab)."""
   if isinstance(checkpoint, str):
-    from bert_jax.pretrained import load_pretrained
+    from bert_jax import weights  # Imports HF/TF readers only when needed.
 
-    config, params, vocab = load_pretrained(checkpoint)
+    config, params, vocab = weights.load_pretrained(checkpoint)
     source = checkpoint
   else:
     (config, params, vocab), source = checkpoint, "the given params"
@@ -107,11 +103,8 @@ def fill_mask(checkpoint: str | tuple[BertConfig, dict, Vocab], text: str,
 
 @dataclasses.dataclass
 class Finetuned:
-  """A fine-tuned checkpoint, loaded: the head model, its params and what encodes its input."""
-  task: str
-  labels: list[str]
-  regression: bool
-  model: nn.Module
+  """A fine-tuned checkpoint, loaded: its task (model, encoding, decoding), params, tokenizer."""
+  task: tasks.FinetuneTask
   params: Any
   vocab: Vocab
   meta: dict[str, Any]
@@ -119,59 +112,35 @@ class Finetuned:
 
 
 def load_finetuned(workdir: str) -> Finetuned:
-  """The best checkpoint of a `launch/finetune.py` workdir (or its checkpoints/ directory)."""
-  directory = os.path.abspath(workdir)
-  if os.path.isdir(os.path.join(directory, "checkpoints")):
-    directory = os.path.join(directory, "checkpoints")
-  steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit()) if os.path.isdir(
-      directory) else []
-  if not steps or not os.path.isdir(os.path.join(directory, str(steps[-1]), "meta")):
-    raise ValueError(f"{workdir}: no fine-tuned checkpoint (expected checkpoints/<step>/params "
-                     "and meta, as launch/finetune.py writes)")
-  step = steps[-1]
-  manager = ocp.CheckpointManager(directory, item_names=("params", "meta"))
-  meta = manager.restore(step, args=ocp.args.Composite(meta=ocp.args.JsonRestore()))["meta"]
-  config = BertConfig(**meta["model_config"])
-  labels = list(meta["labels"])
-  num_outputs = 1 if meta["regression"] else len(labels)
-  model = heads.make_model(meta["task"], config, num_outputs, meta["head_dropout_prob"])
-  ids = jnp.zeros((1, meta["max_seq_length"]), jnp.int32)
-  inputs = (ids, ids, ids, ids) if meta["task"] == "qa" else (ids, ids, ids)
-  device = jax.sharding.SingleDeviceSharding(jax.devices()[0])
-  abstract = jax.tree.map(
-      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=device),
-      nn.meta.unbox(jax.eval_shape(lambda: model.init(jax.random.key(0), *inputs))["params"]))
-  params = manager.restore(step, args=ocp.args.Composite(
-      params=ocp.args.StandardRestore(abstract)))["params"]
-  manager.close()
-  with tempfile.TemporaryDirectory() as tmp:
-    vocab = Vocab.load(checkpointing.decode_files(meta["vocab"], tmp))
-  return Finetuned(meta["task"], labels, bool(meta["regression"]), model, params, vocab, meta,
-                   step)
-
-
-def _doc_stride(meta: dict[str, Any]) -> int:
-  """The checkpoint's QA doc_stride. Checkpoints written before QA had windows have none: they
-  truncated passages at training time, and read with run_squad's default stride they still
-  get windows over the rest of a long passage."""
-  return meta["doc_stride"] if "doc_stride" in meta else 128
+  """The best export of a `launch/finetune.py` workdir (or a step directory of it)."""
+  step_dir = checkpointing.find_step_dir(workdir)
+  if step_dir is None:
+    raise ValueError(f"{workdir}: no fine-tuned checkpoint (expected best/<step>/ as "
+                     "launch/finetune.py writes)")
+  meta = checkpointing.read_meta(step_dir)
+  saved_task = meta.get("task")
+  if not isinstance(saved_task, dict) or saved_task.get("name") not in tasks.FINETUNE_TASKS:
+    raise ValueError(f"{step_dir} is not a fine-tuned checkpoint of this bert_jax version "
+                     f"(task {saved_task!r}); fine-tune again with launch/finetune.py")
+  fields = {f.name for f in dataclasses.fields(tasks.FinetuneSettings)}
+  values = {k: v for k, v in saved_task.items() if k in fields}
+  settings = tasks.FinetuneSettings(**{**values, "labels": tuple(values["labels"])})
+  task = tasks.finetune_task(saved_task["name"])(BertConfig(**meta["model_config"]), settings)
+  params = jax.device_put(checkpointing.restore_params(step_dir))
+  return Finetuned(task, params, checkpointing.read_vocab(step_dir), meta,
+                   int(os.path.basename(step_dir)))
 
 
 def _outputs(finetuned: Finetuned, data: finetune_data.TaskData,
              batch_size: int) -> dict[str, np.ndarray]:
   task = finetuned.task
-
-  @jax.jit
-  def forward(params, batch):
-    outputs = finetuned.model.apply({"params": params}, *heads.model_inputs(task, batch))
-    return {"start_logits": outputs[0], "end_logits": outputs[1]} if task == "qa" else {
-        "logits": outputs}
-
+  forward = jax.jit(lambda params, batch: task.outputs(task.apply(params, batch, None)))
   gathered: dict[str, list[np.ndarray]] = {}  # Per row (QA: per window).
-  for indices, batch in finetune_data.eval_batches(data, batch_size):
+  for batch in finetune_data.eval_batches(data, batch_size):
     outputs = jax.device_get(forward(finetuned.params, batch))
+    keep = batch["example_weight"] > 0
     for name, value in outputs.items():
-      gathered.setdefault(name, []).append(np.asarray(value)[indices < len(data)])
+      gathered.setdefault(name, []).append(np.asarray(value)[keep])
   return {name: np.concatenate(parts) for name, parts in gathered.items()}
 
 
@@ -186,11 +155,5 @@ def predict(finetuned: Finetuned | str, records: Sequence[finetune_data.Record |
     finetuned = load_finetuned(finetuned)
   records = [r if isinstance(r, tuple) else ("<input>", i + 1, r)
              for i, r in enumerate(records)]
-  meta = finetuned.meta
-  data = finetune_data.encode(
-      finetuned.task, records, finetuned.vocab, labels=finetuned.labels,
-      max_length=meta["max_seq_length"], max_query_length=meta["max_query_length"],
-      doc_stride=_doc_stride(meta), with_labels=False, regression=finetuned.regression)
-  outputs = _outputs(finetuned, data, batch_size)
-  return finetune_eval.predictions(finetuned.task, outputs, data, finetuned.labels,
-                                   meta["max_answer_length"])
+  data = finetuned.task.encode(records, finetuned.vocab, with_labels=False)
+  return finetuned.task.predictions(_outputs(finetuned, data, batch_size), data)

@@ -1,5 +1,6 @@
-"""Protocol-buffer base-128 varints, for the hand-written record and checkpoint formats
-(`data/examples.py` writes tf.train.Example bytes, `tf_checkpoint.py` reads/writes TF bundles)."""
+"""Protocol-buffer base-128 varints, for hand-written protobuf bytes: `data/examples.py` writes
+tf.train.Example records with them (as does the tests' TF-bundle writer, its index entries).
+Readers decode varints themselves (`weights/tf_bundle.py`)."""
 
 
 def encode_varint(value: int) -> bytes:

@@ -77,7 +77,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.max_grad_norm = 1.0  # Clip by global norm (0 disables).
   config.train.grad_accum_steps = 1  # Microbatches per step; batch_size must divide by it.
   config.train.log_every_steps = 100  # Console / TensorBoard / metrics.jsonl interval.
-  config.train.eval_every_steps = 10_000  # Held-out evaluation interval (0 disables).
+  # Held-out evaluation interval; the last step is always evaluated (0: the last step only).
+  config.train.eval_every_steps = 10_000
   config.train.eval_batch_size = 256  # Global batch size for evaluation.
   config.train.eval_max_batches = 0  # Cap on eval batches (0 = the whole validation split).
 

@@ -47,6 +47,7 @@ def get_config() -> ml_collections.ConfigDict:
   # --doc_stride, default 128); each piece is scored in the window where it has most context.
   config.data.doc_stride = 128
   config.data.max_answer_length = 30  # QA: longest predicted answer, in pieces.
+  config.data.prefetch = 2  # Batches prefetched to the devices ahead of the step.
 
   # ---------------------------------------------------------------- train
   config.train = ml_collections.ConfigDict()
@@ -65,12 +66,19 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.eps = 1e-6  # Adam epsilon (BERT uses 1e-6).
   config.train.max_grad_norm = 1.0  # Clip by global norm (0 disables).
   config.train.log_every_steps = 50  # Console / TensorBoard / metrics.jsonl interval.
+  config.train.grad_accum_steps = 1  # Microbatches per step; batch_size must divide by it.
   config.train.eval_every_steps = 200  # Validation interval (and at the last step; 0: last only).
   config.train.eval_batch_size = 64  # Global batch size for evaluation.
   config.train.best_metric = ""  # Metric that picks the best checkpoint ("" = the task's).
 
   # ---------------------------------------------------------------- mesh / sharding
   config.mesh = base.get_config().mesh  # Same axes and logical rules as pretraining.
+
+  # ---------------------------------------------------------------- checkpoint
+  config.checkpoint = ml_collections.ConfigDict()
+  config.checkpoint.save_every_steps = 500  # Training checkpoint interval (resume) in steps.
+  config.checkpoint.max_to_keep = 2  # Keep the newest N training checkpoints.
+  config.checkpoint.async_save = True  # Write checkpoints in a background thread.
 
   # ---------------------------------------------------------------- logging
   config.logging = ml_collections.ConfigDict()

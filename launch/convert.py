@@ -5,7 +5,8 @@ r"""Converts pretrained BERTs between HuggingFace, TensorFlow (google-research/b
   # google-research/bert TF checkpoint (bert_config.json and vocab.txt beside it)
   python launch/convert.py --from_tf=uncased_L-12_H-768_A-12/bert_model.ckpt \
       --output_dir=pretrained/base
-  # bert_jax pretrained directory or training workdir -> HuggingFace directory
+  # bert_jax pretrained directory or training/fine-tuning workdir -> HuggingFace directory
+  # (a fine-tuned run exports its encoder; the task head is left out)
   python launch/convert.py --from_bert_jax=runs/tiny --to_hf=export/tiny
 
 The output of --from_hf/--from_tf is what `bert_jax.load_pretrained` (and so fine-tuning and
@@ -27,8 +28,9 @@ flags.DEFINE_string("from_tf", None, "google-research/bert checkpoint prefix "
                     "(.../bert_model.ckpt) or its directory.")
 flags.DEFINE_string("output_dir", None, "bert_jax pretrained directory to write "
                     "(with --from_hf/--from_tf).")
-flags.DEFINE_string("from_bert_jax", None, "bert_jax pretrained directory or training workdir "
-                    "to export (with --to_hf).")
+flags.DEFINE_string("from_bert_jax", None, "bert_jax pretrained directory, or training or "
+                    "fine-tuning workdir (its encoder and pretraining heads), to export (with "
+                    "--to_hf).")
 flags.DEFINE_string("to_hf", None, "HuggingFace directory to write (with --from_bert_jax).")
 flags.DEFINE_string("bert_config", None, "bert_config.json for --from_tf (default: beside the "
                     "checkpoint).")
@@ -41,7 +43,7 @@ flags.DEFINE_bool("overwrite", False, "Replace a non-empty output directory.")
 
 
 def _convert(flag_values) -> str:
-  from bert_jax import pretrained  # After flag parsing: importing pulls in jax.
+  from bert_jax import weights  # After flag parsing: importing pulls in jax.
 
   lowercase = {"auto": None, "true": True, "false": False}[flag_values.lowercase]
   modes = [name for name in ("from_hf", "from_tf", "from_bert_jax") if flag_values[name].value]
@@ -50,28 +52,28 @@ def _convert(flag_values) -> str:
   if modes[0] == "from_bert_jax":
     if not flag_values.to_hf:
       raise app.UsageError("--from_bert_jax needs --to_hf=OUTPUT_DIR")
-    config, params, vocab = pretrained.load_pretrained(flag_values.from_bert_jax)
-    architecture = pretrained.save_hf(flag_values.to_hf, params, config, vocab,
-                                      overwrite=flag_values.overwrite)
+    config, params, vocab = weights.load_pretrained(flag_values.from_bert_jax)
+    architecture = weights.save_hf(flag_values.to_hf, params, config, vocab,
+                                   overwrite=flag_values.overwrite)
     return f"Wrote {architecture} to {flag_values.to_hf}"
   if not flag_values.output_dir or flag_values.to_hf:
     raise app.UsageError(f"--{modes[0]} needs --output_dir=OUTPUT_DIR (and no --to_hf)")
   if modes[0] == "from_hf":
     source = flag_values.from_hf
-    config, params, vocab = pretrained.load_hf(source, lowercase)
+    config, params, vocab = weights.load_hf(source, lowercase)
     note = flag_values.note or f"HuggingFace {os.path.abspath(source)}"
   else:
     source = flag_values.from_tf
-    config, params, vocab = pretrained.load_tf(source, flag_values.bert_config, flag_values.vocab,
-                                               lowercase)
+    config, params, vocab = weights.load_tf(source, flag_values.bert_config, flag_values.vocab,
+                                            lowercase)
     note = flag_values.note or f"TensorFlow {os.path.abspath(source)}"
-  heads = pretrained.heads_present(params)
+  heads = weights.heads_present(params)
   missing = [name for name, present in heads.items() if not present]
   if missing:
     logging.warning("%s has no %s: the output lacks them too (never invented)", source,
                     ", ".join(missing))
-  pretrained.save_pretrained(flag_values.output_dir, params, config, vocab, note=note,
-                             overwrite=flag_values.overwrite)
+  weights.save_pretrained(flag_values.output_dir, params, config, vocab, note=note,
+                          overwrite=flag_values.overwrite)
   return (f"Wrote {flag_values.output_dir} (heads: "
           f"{', '.join(n for n, p in heads.items() if p) or 'none'})")
 

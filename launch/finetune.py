@@ -2,38 +2,28 @@ r"""Fine-tunes BERT on a task: `python launch/finetune.py --config=configs/finet
 
 The encoder comes from `--config.init_from` (pretraining workdir, bert_jax pretrained dir,
 HuggingFace dir, TF checkpoint) or is trained from scratch (`--config.vocab` then). Overrides as
-in pretraining (`--config.train.freeze_encoder=true`, ...; the config is locked). `--workdir`
-gets the best checkpoint, metrics.jsonl and final_eval.json; `launch/predict.py` reads it.
+in pretraining (`--config.train.freeze_encoder=true`, ...; the config is locked). A second start
+in the same `--workdir` resumes from its latest checkpoint. The workdir gets the best params
+(best/), metrics.jsonl and final_eval.json; `launch/predict.py` reads it.
 """
 
 import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import distributed  # pylint: disable=g-import-not-at-top
+from bert_jax import cli  # pylint: disable=g-import-not-at-top
 
-config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/finetune_qa.py.",
-                                lock_config=True)
-flags.mark_flags_as_required(["config"])
-flags.DEFINE_string("workdir", None, "Checkpoint, metrics and final_eval.json go here "
-                    "(default: runs/<config name>).")
-distributed.define_flags()
+cli.define_flags("configs/finetune_qa.py", "Checkpoints, best params, metrics and "
+                 "final_eval.json go here")
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  distributed.initialize_from_flags()
-  from bert_jax import finetune  # After distributed init: importing may touch the backend.
-  config_path = flags.FLAGS["config"].config_filename
-  workdir = flags.FLAGS.workdir or os.path.join(
-      "runs", os.path.splitext(os.path.basename(config_path))[0])
-  finetune.finetune_and_evaluate(flags.FLAGS.config, workdir)
+def run() -> None:
+  from bert_jax import finetune  # After distributed init.
+  finetune.finetune_and_evaluate(flags.FLAGS.config, cli.workdir())
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.main(run))

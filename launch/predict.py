@@ -7,7 +7,7 @@ r"""Predictions from the command line.
       --text_b="Alice paid the bill."
   python launch/predict.py --mode=tag --checkpoint=runs/ner --input_file=x.jsonl
 
-fill_mask reads any pretrained checkpoint `load_pretrained` reads (with its MLM head);
+fill_mask reads any pretrained checkpoint `weights.load_pretrained` reads (with its MLM head);
 classify / tag / qa read a `launch/finetune.py` workdir and print one JSON line per input (qa:
 one answer per question, however many windows of max_seq_length its passage takes).
 """
@@ -50,8 +50,8 @@ def main(argv):
   if bool(_TEXT.value) == bool(_INPUT_FILE.value):
     raise app.UsageError("Give exactly one of --text and --input_file")
   finetuned = predict.load_finetuned(_CHECKPOINT.value)
-  if finetuned.task != _TASK_OF_MODE[_MODE.value]:
-    raise app.UsageError(f"{_CHECKPOINT.value} was fine-tuned for {finetuned.task}, not for "
+  if finetuned.task.name != _TASK_OF_MODE[_MODE.value]:
+    raise app.UsageError(f"{_CHECKPOINT.value} was fine-tuned for {finetuned.task.name}, not for "
                          f"--mode={_MODE.value}")
   if _INPUT_FILE.value:
     records = finetune_data.read_records(_INPUT_FILE.value)

@@ -10,35 +10,23 @@ import os
 import sys
 
 from absl import app, flags
-from ml_collections import config_flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import distributed  # pylint: disable=g-import-not-at-top
+from bert_jax import cli  # pylint: disable=g-import-not-at-top
 
-config_flags.DEFINE_config_file("config", None, "Config file, e.g. configs/tiny.py.",
-                                lock_config=True)
-flags.mark_flags_as_required(["config"])
-flags.DEFINE_string("workdir", None, "Checkpoints, metrics and prepared data go here "
-                    "(default: runs/<config name>).")
+cli.define_flags("configs/tiny.py", "Checkpoints, metrics and prepared data go here")
 flags.DEFINE_bool("compile_only", False, "Compile the train step against abstract shapes, print "
                   "its per-device memory and FLOPs, and exit (no data, no training).")
-distributed.define_flags()
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  distributed.initialize_from_flags()
-  from bert_jax import train  # After distributed init: importing may touch the backend.
+def run() -> None:
+  from bert_jax import train  # After distributed init.
   if flags.FLAGS.compile_only:
     print(json.dumps(train.compile_report(flags.FLAGS.config), indent=1))
     return
-  config_path = flags.FLAGS["config"].config_filename
-  workdir = flags.FLAGS.workdir or os.path.join(
-      "runs", os.path.splitext(os.path.basename(config_path))[0])
-  train.train_and_evaluate(flags.FLAGS.config, workdir)
+  train.train_and_evaluate(flags.FLAGS.config, cli.workdir())
 
 
 if __name__ == "__main__":
-  app.run(main)
+  app.run(cli.main(run))

@@ -5,6 +5,7 @@ pretrained encoder beating scratch, fill-mask after pretraining, the launchers, 
 import json
 import os
 import random
+import signal
 import subprocess
 import sys
 
@@ -12,8 +13,9 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import (finetune, finetune_data, finetune_eval, heads, predict, pretrained,
-                      sharding, train)
+from bert_jax import finetune, finetune_data, predict, sharding, tasks, train, trainer, weights
+from bert_jax.model import BertConfig
+from bert_jax.tasks import classification, qa, tagging
 from bert_jax.data import prepare
 from bert_jax.data.vocab import Vocab, train_sentencepiece
 from configs import finetune_classification, finetune_qa, finetune_tagging, tiny
@@ -67,6 +69,19 @@ def write_jsonl(path, rows) -> str:
   with open(path, "w") as f:
     f.writelines(json.dumps(row) + "\n" for row in rows)
   return str(path)
+
+
+def _task(name, labels=(), max_length=128, max_query_length=64, doc_stride=128,
+          regression=False, max_answer_length=30) -> tasks.FinetuneTask:
+  """A fine-tuning task with these settings (its model is never built here)."""
+  settings = tasks.FinetuneSettings(tuple(labels), regression, max_length, max_query_length,
+                                    doc_stride, max_answer_length, 0.1, False)
+  return tasks.finetune_task(name)(BertConfig(), settings)
+
+
+def _encode(name, records, vocab, *, with_labels=True, is_training=False, **settings):
+  return _task(name, **settings).encode(records, vocab, with_labels=with_labels,
+                                        is_training=is_training)
 
 
 def _keyword_rows(n, rng):
@@ -207,7 +222,7 @@ def category_config(tmp_path, pretrained_workdir, vocab_file, seed=0, **train_ov
 
 
 def test_fill_mask_after_pretraining_fits_the_context(pretrained_run):
-  workdir = pretrained.load_pretrained(pretrained_run[0])  # Loaded once for the three calls.
+  workdir = weights.load_pretrained(pretrained_run[0])  # Loaded once for the three calls.
   (animal,), = [[c[0] for c in candidates] for candidates in
                 predict.fill_mask(workdir, "the [MASK] sat on the mat .", top_k=1)]
   assert animal in ANIMALS
@@ -245,9 +260,9 @@ def category_tags(words):
 def test_frozen_encoder_stays_bitwise_unchanged(pretrained_run, tmp_path):
   """Head-only training on frozen pretrained features: they already separate animals from
   objects, so the tagger transfers to held-out words while the encoder stays bit-identical."""
-  model_config, params, vocab = pretrained.load_pretrained(pretrained_run[0])
+  model_config, params, vocab = weights.load_pretrained(pretrained_run[0])
   hf_dir = str(tmp_path / "hf")  # The encoder comes in through a HuggingFace export here.
-  pretrained.save_hf(hf_dir, params, model_config, vocab)
+  weights.save_hf(hf_dir, params, model_config, vocab)
   config = finetune_config(finetune_tagging, tmp_path, category_tags(ANIMALS[:6] + OBJECTS[:6]),
                            60, init_from=hf_dir, model=PRETRAIN_MODEL, seq_len=16,
                            learning_rate=1e-2, n_train=256)
@@ -280,7 +295,7 @@ def test_tagging_learns_bio_entities_on_first_pieces(tmp_path):
   print("tagging:", result["final"])
   # Chance: 5 tags; always "O" gets no entity at all (entity F1 0).
   assert result["final"]["entity_f1"] >= 0.9 and result["best_metric"] == "entity_f1"
-  words = "Grace Lee paid 4096 then Bob went home".split()
+  words = "Grace Lee saw 4096 then Bob went home".split()  # Words of the training data.
   (prediction,) = predict.predict(str(tmp_path / "run"), [{"text": " ".join(words)}])
   assert prediction["words"] == words
   assert prediction["tags"][:4] == ["B-PER", "I-PER", "O", "B-NUM"], prediction
@@ -295,8 +310,8 @@ def test_qa_learns_spans_and_maps_them_to_characters(tmp_path):
                            seq_len=24)
   config.data.doc_stride = 6
   result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
-  print("qa:", result["final"], "train windows:", result["train_windows"])
-  assert result["train_windows"] > 700 and result["final"]["windows"] > 70
+  print("qa:", result["final"], "train windows:", result["train_rows"])
+  assert result["train_rows"] > 700 and result["final"]["windows"] > 70
   assert result["final"]["examples"] == 64  # Scored per question, not per window.
   # Chance: one of ~15 passage words (spans of several pieces make it lower still).
   assert result["final"]["exact_match"] >= 0.6 and result["final"]["f1"] >= 0.6
@@ -305,7 +320,7 @@ def test_qa_learns_spans_and_maps_them_to_characters(tmp_path):
              "Carol Jones and 73 red friends.")
   finetuned = predict.load_finetuned(str(tmp_path / "run"))
   records = [{"text": q, "text_b": context} for q in ("who paid?", "what color?", "how many?")]
-  encoded = finetune_data.encode("qa", [("x", 1, r) for r in records], finetuned.vocab,
+  encoded = _encode("qa", [("x", 1, r) for r in records], finetuned.vocab,
                                  max_length=24, doc_stride=6, with_labels=False)
   assert [(w.doc_start, w.doc_length) for w in encoded.windows[:3]] == [(0, 18), (6, 18),
                                                                         (12, 13)]
@@ -320,7 +335,7 @@ def test_qa_learns_spans_and_maps_them_to_characters(tmp_path):
 
 
 def _params_config_vocab(path):
-  config, params, vocab = pretrained.load_pretrained(path)
+  config, params, vocab = weights.load_pretrained(path)
   return params, config, vocab
 
 
@@ -362,7 +377,7 @@ def test_launchers_finetune_then_predict(pretrained_run, tmp_path):
   assert predicted.returncode == 0, predicted.stderr[-3000:]
   assert json.loads(predicted.stdout.strip().splitlines()[-1])["label"] == "neg"
 
-  bert_jax_dir = pretrained.save_pretrained(str(tmp_path / "pretrained"),
+  bert_jax_dir = weights.save_pretrained(str(tmp_path / "pretrained"),
                                             *_params_config_vocab(pretrained_run[0]))
   filled = _launch("predict.py", "--mode=fill_mask", f"--checkpoint={bert_jax_dir}",
                    "--text=the [MASK] sat on the mat .", "--top_k=3")
@@ -387,22 +402,22 @@ def test_bad_input_names_the_file_and_line(tmp_path):
   records = finetune_data.read_records(write_jsonl(tmp_path / "dev.jsonl", [
       {"text": "we saw it good", "label": "pos"}, {"text": "we bad", "label": "meh"}]))
   with pytest.raises(ValueError, match=r"dev\.jsonl, line 2: label 'meh' is not in the label"):
-    finetune_data.encode("classification", records, Vocab.load(vocab), labels=["neg", "pos"])
-  configured = finetune_data.label_set("classification", records, configured=(0, 1))
+    _encode("classification", records, Vocab.load(vocab), labels=["neg", "pos"])
+  configured = tasks.ClassificationTask.labels_from(records, (0, 1), False)
   with pytest.raises(ValueError, match=r"dev\.jsonl, line 1: label 'pos' is not in"):
-    finetune_data.encode("classification", records, Vocab.load(vocab), labels=configured)
-  assert finetune_data.label_set("classification", records) == ["meh", "pos"]
+    _encode("classification", records, Vocab.load(vocab), labels=configured)
+  assert tasks.ClassificationTask.labels_from(records, (), False) == ["meh", "pos"]
 
   csv_file = tmp_path / "tags.csv"
   csv_file.write_text('text,tags\n"Alice went home","B-PER O O"\n"Bob paid 42","B-PER O"\n')
   with pytest.raises(ValueError, match=r"tags\.csv, line 3: 2 tags for 3 words"):
-    finetune_data.encode("tagging", finetune_data.read_records(str(csv_file)), Vocab.load(vocab),
+    _encode("tagging", finetune_data.read_records(str(csv_file)), Vocab.load(vocab),
                          labels=["O", "B-PER"])
   qa_file = write_jsonl(tmp_path / "qa.jsonl", [
       {"text": "who paid?", "text_b": "Bob paid.", "answers": [{"text": "Bob",
                                                                 "answer_start": 1}]}])
   with pytest.raises(ValueError, match=r"qa\.jsonl, line 1: answer 'Bob' is not at character 1"):
-    finetune_data.encode("qa", finetune_data.read_records(qa_file), Vocab.load(vocab))
+    _encode("qa", finetune_data.read_records(qa_file), Vocab.load(vocab))
   (tmp_path / "broken.jsonl").write_text('{"text": "a", "label": 1}\n{"text": \n')
   with pytest.raises(ValueError, match=r"broken\.jsonl, line 2: not valid JSON"):
     finetune_data.read_records(str(tmp_path / "broken.jsonl"))
@@ -412,11 +427,11 @@ def test_long_text_is_truncated_and_counted(tmp_path):
   vocab = Vocab.load(_task_vocab(tmp_path))
   records = [("x.jsonl", 1, {"text": "we saw it", "label": "pos"}),
              ("x.jsonl", 2, {"text": "we " * 30 + "good", "label": "pos"})]
-  data = finetune_data.encode("classification", records, vocab, labels=["neg", "pos"],
+  data = _encode("classification", records, vocab, labels=["neg", "pos"],
                               max_length=16)
   assert data.num_truncated == 1 and data.arrays["input_ids"].shape == (2, 16)
   long_tags = [("x", 1, {"text": "Alice " * 20, "tags": ["B-PER"] * 20})]
-  tags = finetune_data.encode("tagging", long_tags, vocab, labels=["O", "B-PER"], max_length=8)
+  tags = _encode("tagging", long_tags, vocab, labels=["O", "B-PER"], max_length=8)
   assert tags.num_truncated == 1 and tags.arrays["label_weights"].sum() == 6
   assert tags.examples[0]["word_positions"][6:] == [-1] * 14
   # A QA passage is never cut: it takes windows (room for 24 - 3 - 3 = 18 of its 43 pieces).
@@ -424,7 +439,7 @@ def test_long_text_is_truncated_and_counted(tmp_path):
   qa = [("q", 1, {"text": "who paid?", "text_b": context,
                   "answers": [{"text": "Bob", "answer_start": context.index("Bob")}]})]
   for is_training in (True, False):  # Eval rows get the training targets (for its loss).
-    windows = finetune_data.encode("qa", qa, vocab, max_length=24, doc_stride=16,
+    windows = _encode("qa", qa, vocab, max_length=24, doc_stride=16,
                                    is_training=is_training)
     assert (windows.num_truncated, windows.num_dropped, windows.num_split) == (0, 0, 1)
     assert len(windows.examples) == 1 and len(windows) == 3
@@ -434,7 +449,7 @@ def test_long_text_is_truncated_and_counted(tmp_path):
     np.testing.assert_array_equal(windows.arrays["end_positions"], [0, 0, 5 + 40 - 32])
     np.testing.assert_array_equal(windows.arrays["answer_weight"], [1, 1, 1])
   long_question = [("q", 1, {"text": "who paid? " * 10, "text_b": "Bob paid."})]
-  cut = finetune_data.encode("qa", long_question, vocab, max_length=24, max_query_length=8,
+  cut = _encode("qa", long_question, vocab, max_length=24, max_query_length=8,
                              with_labels=False)
   assert cut.num_truncated == 1 and cut.windows[0].offset == 10
 
@@ -446,27 +461,28 @@ def test_regression_labels_loss_and_scores(tmp_path):
   vocab = Vocab.load(_task_vocab(tmp_path))
   csv_file = tmp_path / "scores.csv"
   csv_file.write_text("text,text_b,label\nwe saw it,good,0.5\nwe went home,,-1.25\n")
-  data = finetune_data.encode("classification", finetune_data.read_records(str(csv_file)),
+  data = _encode("classification", finetune_data.read_records(str(csv_file)),
                               vocab, labels=["score"], regression=True)
   np.testing.assert_array_equal(data.arrays["labels"], np.float32([0.5, -1.25]))
   assert data.arrays["token_type_ids"][0].max() == 1 and data.arrays["token_type_ids"][1].max() == 0
   outputs = np.float32([[1.0], [-1.0]])
-  sums = heads.loss_sums("classification", outputs, data.arrays, num_labels=1)
+  task = _task("classification", labels=["score"], regression=True)
+  sums = task._sums(outputs, data.arrays)  # pylint: disable=protected-access
   assert float(sums["loss_sum"]) == pytest.approx(0.25 + 0.0625)
-  predicted = finetune_eval.predictions("classification", {"logits": outputs}, data, ["score"])
+  predicted = task.predictions({"logits": outputs}, data)
   assert predicted == [{"score": 1.0}, {"score": -1.0}]
-  scores = finetune_eval.score("classification", predicted, data, ["score"])
+  scores = task.score(predicted, data)
   assert scores["mse"] == pytest.approx((0.25 + 0.0625) / 2) and scores["pearson"] == 1.0
   with pytest.raises(ValueError, match=r"scores\.csv, line 2: regression label 'x'"):
     csv_file.write_text("text,label\nwe saw it,x\n")
-    finetune_data.encode("classification", finetune_data.read_records(str(csv_file)), vocab,
+    _encode("classification", finetune_data.read_records(str(csv_file)), vocab,
                          labels=["score"], regression=True)
 
 
 
 def test_labels_and_offsets_follow_the_pieces(tmp_path):
   vocab = Vocab.load(_task_vocab(tmp_path))
-  tagged = finetune_data.encode("tagging", [("t", 1, {"text": "Bob paid 4096 .",
+  tagged = _encode("tagging", [("t", 1, {"text": "Bob paid 4096 .",
                                                       "tags": ["B-PER", "O", "B-NUM", "O"]})],
                                 vocab, labels=["O", "B-PER", "B-NUM"], max_length=12)
   pieces = [vocab.id_to_piece(i) for i in tagged.arrays["input_ids"][0]]
@@ -479,7 +495,7 @@ def test_labels_and_offsets_follow_the_pieces(tmp_path):
   context = "Carol Jones paid 4096, then 7 friends went home."
   records = [("q", 1, {"text": "how many?", "text_b": context,
                        "answers": [{"text": "4096", "answer_start": 17}]})]
-  data = finetune_data.encode("qa", records, vocab, max_length=32)
+  data = _encode("qa", records, vocab, max_length=32)
   start, end = data.arrays["start_positions"][0], data.arrays["end_positions"][0]
   pieces = [vocab.id_to_piece(i) for i in data.arrays["input_ids"][0][start:end + 1]]
   assert pieces == ["4", "##0", "##9", "##6"]
@@ -493,8 +509,8 @@ def test_labels_and_offsets_follow_the_pieces(tmp_path):
   start_logits[[1, 3, 5]], end_logits[[2, 4, 7]] = [9, 1, 4], [9, 6, 2]
   mask = np.array([0, 0, 0, 1, 1, 1, 1, 1])
   # (1, 2) scores 18 but lies outside the passage; (5, 4) scores 10 but ends before it starts.
-  assert finetune_eval.best_span(start_logits, end_logits, mask, 30)[:2] == (3, 4)
-  assert finetune_eval.best_span(start_logits, end_logits, mask, 1)[:2] == (4, 4)
+  assert qa.best_span(start_logits, end_logits, mask, 30)[:2] == (3, 4)
+  assert qa.best_span(start_logits, end_logits, mask, 1)[:2] == (4, 4)
 
 
 def _run_squad_windows(num_pieces, max_tokens_for_doc, doc_stride):
@@ -541,10 +557,10 @@ def test_qa_windows_follow_run_squad(tmp_path):
   ties 1.06 in windows 0 and 1 (the first wins), piece 7 has 1.06 in window 1 and 1.05 in the
   shorter window 2."""
   vocab = Vocab.load(_task_vocab(tmp_path))
-  assert finetune_data.doc_spans(11, 6, 3) == [(0, 6), (3, 6), (6, 5)]
-  np.testing.assert_array_equal(finetune_data.max_context_windows([(0, 6), (3, 6), (6, 5)], 11),
+  assert qa.doc_spans(11, 6, 3) == [(0, 6), (3, 6), (6, 5)]
+  np.testing.assert_array_equal(qa.max_context_windows([(0, 6), (3, 6), (6, 5)], 11),
                                 [0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2])
-  data = finetune_data.encode("qa", _qa_records(("who paid?", QA_CONTEXT, "Bob paid")), vocab,
+  data = _encode("qa", _qa_records(("who paid?", QA_CONTEXT, "Bob paid")), vocab,
                               max_length=12, doc_stride=3, is_training=True)
   assert len(data) == 3 and len(data.examples) == 1 and data.num_split == 1
   windows = data.windows
@@ -569,64 +585,55 @@ def test_qa_windows_follow_run_squad(tmp_path):
     for room in range(1, 12):
       for stride in range(1, 14):
         spans, flags = _run_squad_windows(num_pieces, room, stride)
-        ours = finetune_data.doc_spans(num_pieces, room, stride)
+        ours = qa.doc_spans(num_pieces, room, stride)
         assert ours == (spans or [(0, 0)]), (num_pieces, room, stride)
-        best = finetune_data.max_context_windows(ours, num_pieces)
+        best = qa.max_context_windows(ours, num_pieces)
         assert [(best[s:s + n] == i).tolist() for i, (s, n) in enumerate(spans)] == flags
 
 
 def test_qa_head_lets_cls_be_the_out_of_window_target():
   context_mask = np.array([[0, 0, 0, 1, 1, 1, 0, 0]], np.int32)  # [CLS] q [SEP] p p p [SEP] pad
-  logits = np.asarray(heads.mask_qa_logits(np.ones((1, 8, 2), np.float32), context_mask))
+  logits = np.asarray(qa.mask_qa_logits(np.ones((1, 8, 2), np.float32), context_mask))
   np.testing.assert_array_equal(logits[0, [0, 3, 4, 5]], 1.0)  # [CLS] and the passage compete.
   np.testing.assert_array_equal(logits[0, [1, 2, 6, 7]], -1e9)  # Question, [SEP], padding don't.
   batch = {"input_ids": context_mask, "start_positions": np.int32([0]),
            "end_positions": np.int32([0]), "answer_weight": np.float32([1])}
-  sums = heads.loss_sums("qa", (logits[..., 0], logits[..., 1]), batch, 0)
+  sums = _task("qa")._sums((logits[..., 0], logits[..., 1]), batch)  # pylint: disable=protected-access
   assert float(sums["loss_sum"]) == pytest.approx(np.log(4)) and float(sums["loss_count"]) == 1
 
 
 def test_qa_decoding_merges_windows_with_max_context(tmp_path):
   vocab = Vocab.load(_task_vocab(tmp_path))
-  data = finetune_data.encode("qa", _qa_records(("who paid?", QA_CONTEXT, "Bob paid")), vocab,
-                              max_length=12, doc_stride=3)
+  data = _encode("qa", _qa_records(("who paid?", QA_CONTEXT, "Bob paid")), vocab,
+                 max_length=12, doc_stride=3)
+  decode = _task("qa", max_length=12, doc_stride=3).predictions
   start = np.full((3, 12), -10.0, np.float32)  # [windows, L]
   end = start.copy()
   # The answer is past the first window: pieces 8-9, at positions 7-8 of window 2.
   start[2, 7], end[2, 8] = 3.0, 3.0
-  (answer,) = finetune_eval.predictions("qa", {"start_logits": start, "end_logits": end}, data,
-                                        [])
+  (answer,) = decode({"start_logits": start, "end_logits": end}, data)
   begin = QA_CONTEXT.index("Bob paid")
   assert answer == {"answer": "Bob paid", "start": begin, "end": begin + 8, "score": 6.0}
   # Window 1 scores "Bob" (piece 8 at its position 10) far higher, but piece 8 has its maximum
   # context in window 2, so a start there only counts in window 2 (run_squad's
   # token_is_max_context); without that rule window 1's span would win.
   start[1, 10], end[1, 10] = 9.0, 9.0
-  (answer,) = finetune_eval.predictions("qa", {"start_logits": start, "end_logits": end}, data,
-                                        [])
+  (answer,) = decode({"start_logits": start, "end_logits": end}, data)
   assert answer["answer"] == "Bob paid" and answer["score"] == 6.0
-  assert finetune_eval.best_span(start[1], end[1], data.arrays["context_mask"][1], 30) == (
+  assert qa.best_span(start[1], end[1], data.arrays["context_mask"][1], 30) == (
       10, 10, 18.0)
   # Only the start needs its max context: "then they Bob" starts at piece 6 (max context in
   # window 1) and ends at piece 8 (max context in window 2), inside window 1.
   start[1, 8] = 12.0
-  (answer,) = finetune_eval.predictions("qa", {"start_logits": start, "end_logits": end}, data,
-                                        [])
+  (answer,) = decode({"start_logits": start, "end_logits": end}, data)
   assert answer["answer"] == "then they Bob" and answer["score"] == 21.0
 
 
-def test_qa_eval_scores_each_question_once_over_its_windows(tmp_path):
-  """finetune.evaluate with an oracle for a model: it points at each window's target, [CLS]
-  in the windows without the answer. Merged per question the answers are exact; scored per
-  window they would not be (those windows' best passage spans are wrong)."""
-  vocab = Vocab.load(_task_vocab(tmp_path))
-  other = "Carol Jones paid 4096 then 7 red friends went home"
-  records = _qa_records(("who paid?", QA_CONTEXT, "Bob paid"), ("how many?", other, "7"),
-                        ("what color?", other, "red"), ("who paid?", "Dave paid .", "Dave"))
-  data = finetune_data.encode("qa", records, vocab, max_length=12, doc_stride=3)
-  assert len(data.examples) == 4 and len(data) == 3 + 4 + 4 + 1
+class _OracleQA(qa.QATask):
+  """A QA task whose "model" points at each window's target: [CLS] in windows without the
+  answer."""
 
-  def oracle(params, batch):
+  def eval_outputs(self, params, batch):
     del params
     length = batch["input_ids"].shape[1]
     outputs = {"start_logits": jax.nn.one_hot(batch["start_positions"], length) * 10.0,
@@ -634,17 +641,31 @@ def test_qa_eval_scores_each_question_once_over_its_windows(tmp_path):
     weight = batch["example_weight"] * batch["answer_weight"]
     return outputs, {"loss_sum": weight.sum() * 0.0, "loss_count": weight.sum()}
 
+
+def test_qa_eval_scores_each_question_once_over_its_windows(tmp_path):
+  """The trainer's evaluation with an oracle for a model: merged per question the answers are
+  exact; scored per window they would not be (those windows' best passage spans are wrong)."""
+  vocab = Vocab.load(_task_vocab(tmp_path))
+  other = "Carol Jones paid 4096 then 7 red friends went home"
+  records = _qa_records(("who paid?", QA_CONTEXT, "Bob paid"), ("how many?", other, "7"),
+                        ("what color?", other, "red"), ("who paid?", "Dave paid .", "Dave"))
   config = finetune_qa.get_config()
   config.data.update(max_seq_length=12, doc_stride=3)
   config.train.eval_batch_size = 8
+  config.model.update(TASK_MODEL)
+  task = _OracleQA(BertConfig(**TASK_MODEL), _task("qa", max_length=12, doc_stride=3).settings)
+  data = task.encode(records, vocab)
+  assert len(data.examples) == 4 and len(data) == 3 + 4 + 4 + 1
   mesh = sharding.make_mesh(config.mesh)
-  scores = finetune.evaluate(config, None, data, [], oracle, mesh)
+  run = trainer.Run(task=task, train_iter=None, eval_data=data, meta={}, vocab=None,
+                    eval_batches=lambda: finetune_data.eval_batches(data, 8))
+  scores = trainer.evaluate(None, config, run, trainer.make_program(config, task, mesh), mesh)
   assert scores["examples"] == 4 and scores["windows"] == 12
   assert scores["exact_match"] == 1.0 and scores["f1"] == 1.0
-  outputs, _ = finetune.run_eval(None, data, oracle, mesh, 8)
-  per_window = [finetune_eval.best_span(outputs["start_logits"][row],
-                                        outputs["end_logits"][row],
-                                        data.arrays["context_mask"][row], 30)
+  outputs = task.eval_outputs(None, {**data.arrays, "example_weight": np.ones(len(data))})[0]
+  per_window = [qa.best_span(np.asarray(outputs["start_logits"][row]),
+                             np.asarray(outputs["end_logits"][row]),
+                             data.arrays["context_mask"][row], 30)
                 for row in range(len(data))]
   assert sum(score < 20 for _, _, score in per_window) == 6  # Windows without the answer.
 
@@ -664,17 +685,135 @@ def test_sentencepiece_fill_mask_input_and_piece_offsets(tmp_path):
 
 
 def test_metrics_follow_seqeval_and_squad():
-  assert finetune_eval.entities(["B-PER", "I-PER", "O", "I-LOC", "I-LOC", "B-PER", "I-LOC"]) == {
+  assert tagging.entities(["B-PER", "I-PER", "O", "I-LOC", "I-LOC", "B-PER", "I-LOC"]) == {
       ("PER", 0, 1), ("LOC", 3, 4), ("PER", 5, 5), ("LOC", 6, 6)}
   gold = [["B-PER", "I-PER", "O", "B-NUM"]]
-  scores = finetune_eval.tagging_scores([["B-PER", "O", "O", "B-NUM"]], gold,
+  scores = tagging.tagging_scores([["B-PER", "O", "O", "B-NUM"]], gold,
                                         ["O", "B-PER", "I-PER", "B-NUM"])
   assert scores["entity_precision"] == 0.5 and scores["entity_recall"] == 0.5
   assert scores["token_accuracy"] == 0.75
-  assert finetune_eval.normalize_answer("The  Red, car!") == "red car"
-  squad = finetune_eval.squad_scores(["the red car", "blue"], [["Red car"], ["green", "blue sky"]])
+  assert qa.normalize_answer("The  Red, car!") == "red car"
+  squad = qa.squad_scores(["the red car", "blue"], [["Red car"], ["green", "blue sky"]])
   assert squad["exact_match"] == 0.5 and squad["f1"] == pytest.approx((1 + 2 / 3) / 2)
-  binary = finetune_eval.classification_scores([1, 1, 0, 0], [1, 0, 0, 0], 2)
+  binary = classification.classification_scores([1, 1, 0, 0], [1, 0, 0, 0], 2)
   assert binary == {"accuracy": 0.75, "f1": pytest.approx(2 / 3)}
-  macro = finetune_eval.classification_scores([0, 1, 2, 2], [0, 1, 2, 1], 3)
+  macro = classification.classification_scores([0, 1, 2, 2], [0, 1, 2, 1], 3)
   assert macro["f1"] == pytest.approx((1 + 2 / 3 + 2 / 3) / 3)
+
+
+# ------------------------------------------------------------ resume, preemption, accumulation
+
+
+def _keyword_config(tmp_path, steps=12, **train):
+  """Keyword classification from scratch, no dropout anywhere, a checkpoint every 4 steps and
+  a loss record every step."""
+  os.makedirs(tmp_path, exist_ok=True)
+  vocab = _task_vocab(tmp_path)
+  config = finetune_config(finetune_classification, tmp_path, _keyword_rows, steps, vocab=vocab,
+                           seq_len=16, n_train=96)
+  config.model.num_hidden_layers = 1
+  config.head.dropout_prob = 0.0
+  config.train.update(log_every_steps=1, eval_every_steps=0, **train)
+  config.checkpoint.save_every_steps = 4
+  return config
+
+
+def _step_losses(workdir) -> dict[int, float]:
+  losses = {}
+  for line in open(os.path.join(workdir, "metrics.jsonl")):
+    record = json.loads(line)
+    if record["split"] == "train":
+      losses[record["step"]] = record["loss"]
+  return losses
+
+
+def _config_flags(config) -> list[str]:
+  flat = {"init_from": config.init_from, "vocab": config.vocab, "head.dropout_prob": 0.0,
+          "checkpoint.save_every_steps": config.checkpoint.save_every_steps,
+          "logging.tensorboard": False}
+  for section in ("model", "data", "train"):
+    for key, value in config[section].items():
+      if not isinstance(value, (tuple, list)):
+        flat[f"{section}.{key}"] = value
+  return [f"--config.{k}={v}" for k, v in flat.items()]
+
+
+def test_finetuning_resumes_after_sigkill_bit_identically(tmp_path):
+  config = _keyword_config(tmp_path)
+  reference = str(tmp_path / "reference")
+  finetune.finetune_and_evaluate(config, reference)
+  workdir = str(tmp_path / "killed")
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+             JAX_PLATFORMS="cpu")
+  process = subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "launch", "finetune.py"),
+       "--config=configs/finetune_classification.py", f"--workdir={workdir}",
+       *_config_flags(config)], cwd=ROOT, env=env, stdout=subprocess.PIPE,
+      stderr=subprocess.STDOUT, text=True)
+  output = ""
+  for line in process.stdout:  # Killed hard while logging step 10: after the step-8 save began.
+    output += line
+    if "step 10/12" in line:
+      break
+  process.kill()
+  process.wait()
+  assert "step 10/12" in output, output[-3000:]
+  saved = sorted(int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit())
+  assert saved and saved[-1] in (4, 8), saved
+  result = finetune.finetune_and_evaluate(config, workdir)
+  losses, expected = _step_losses(workdir), _step_losses(reference)
+  assert [losses[s] for s in range(1, 13)] == [expected[s] for s in range(1, 13)]
+  assert result["final"]["accuracy"] == json.load(
+      open(os.path.join(reference, "final_eval.json")))["final"]["accuracy"]
+
+
+class _SigtermAfter:
+  """A train iterator that sends this process SIGTERM when its `at`-th batch is read."""
+
+  def __init__(self, inner, at: int):
+    self.inner, self.at = inner, at
+
+  def __next__(self):
+    batch = next(self.inner)
+    if self.inner.batches == self.at:
+      os.kill(os.getpid(), signal.SIGTERM)
+    return batch
+
+  def get_state(self):
+    return self.inner.get_state()
+
+  def set_state(self, state):
+    self.inner.set_state(state)
+
+
+def test_finetuning_sigterm_saves_returns_and_resumes_identically(tmp_path, monkeypatch):
+  config = _keyword_config(tmp_path, steps=10)
+  config.checkpoint.save_every_steps = 100
+  reference = str(tmp_path / "reference")
+  finetune.finetune_and_evaluate(config, reference)
+  workdir = str(tmp_path / "preempted")
+  original = finetune_data.TrainBatches
+  monkeypatch.setattr(finetune_data, "TrainBatches",
+                      lambda *args: _SigtermAfter(original(*args), at=4))
+  stopped = finetune.finetune_and_evaluate(config, workdir)
+  monkeypatch.setattr(finetune_data, "TrainBatches", original)
+  at = stopped["preempted_at"]
+  assert 1 <= at < 10  # Stopped at the step under way when the signal came (prefetch ahead).
+  assert os.listdir(os.path.join(workdir, "checkpoints")) == [str(at)]
+  finetune.finetune_and_evaluate(config, workdir)
+  losses, expected = _step_losses(workdir), _step_losses(reference)
+  assert [losses[s] for s in range(1, 11)] == [expected[s] for s in range(1, 11)]
+
+
+def test_finetuning_gradient_accumulation_equals_the_full_batch(tmp_path):
+  full = finetune.finetune_and_evaluate(_keyword_config(tmp_path / "full", steps=3),
+                                        str(tmp_path / "full" / "run"))
+  accumulated = finetune.finetune_and_evaluate(
+      _keyword_config(tmp_path / "accumulated", steps=3, grad_accum_steps=4),
+      str(tmp_path / "accumulated" / "run"))
+  np.testing.assert_allclose(
+      [_step_losses(str(tmp_path / "accumulated" / "run"))[s] for s in (1, 2, 3)],
+      [_step_losses(str(tmp_path / "full" / "run"))[s] for s in (1, 2, 3)], rtol=1e-5)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
+               jax.device_get(accumulated["state"].params),
+               jax.device_get(full["state"].params))

@@ -4,17 +4,18 @@ directory, training workdirs, WordPiece encoding, and errors that name the file.
 Every reference model is a randomly initialised `transformers` BERT built from a BertConfig
 (no downloads), with all parameters perturbed so biases and LayerNorms are not at their
 defaults and the heads really are compared. TF checkpoints are written by
-`bert_jax.tf_checkpoint.write_bundle`, using the google-research/bert variable names produced
-here by a mapping written independently of the importer's.
+`tests/tf_bundle_writer.py`, using the google-research/bert variable names produced here by a
+mapping written independently of the importer's.
 
 Training workdirs come from two steps of the real `launch/train.py` on synthetic data (no
 vocabulary), and from `bert_jax.checkpointing.Checkpointer` directly with the real TrainState
-structure and a vocabulary in its meta (as a prepared dataset's run has).
+structure and a vocabulary (as a prepared dataset's run has); a fine-tuning workdir's best
+export from `bert_jax.checkpointing.BestExport` with a classifier head.
 """
 
 import dataclasses
-import functools
 import json
+import logging
 import os
 import re
 import shutil
@@ -24,15 +25,19 @@ import warnings
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 import pytest
 import torch
 import transformers
 
 import bert_jax
-from bert_jax import pretrained, tf_checkpoint
+from bert_jax import weights
+from bert_jax.data.encoding import encode_pair
 from bert_jax.data.vocab import Vocab
 from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+from bert_jax.weights import tf_bundle
+from tests import tf_bundle_writer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONVERT = os.path.join(ROOT, "launch", "convert.py")
@@ -153,12 +158,12 @@ def test_hf_round_trip_through_the_launcher_keeps_logits_and_heads(tmp_path):
   imported = str(tmp_path / "imported")
   result = _run_convert(f"--from_hf={source}", f"--output_dir={imported}")
   assert result.returncode == 0, result.stderr[-3000:]
-  info = json.load(open(os.path.join(imported, pretrained.FORMAT_FILE)))
+  info = json.load(open(os.path.join(imported, weights.FORMAT_FILE)))
   assert info["heads"] == {"pooler": True, "mlm": True, "nsp": True}
   assert source in info["source"]
 
   config, params, vocab = bert_jax.load_pretrained(imported)
-  assert pretrained.heads_present(params) == {"pooler": True, "mlm": True, "nsp": True}
+  assert weights.heads_present(params) == {"pooler": True, "mlm": True, "nsp": True}
   assert vocab.kind == "wordpiece" and vocab.size == len(_UNCASED) and vocab.cls_id == 5
   batch = _batch()
   reference = _hf_logits(hf, batch)
@@ -191,8 +196,8 @@ def test_hf_round_trip_through_the_launcher_keeps_logits_and_heads(tmp_path):
 def test_bert_model_without_heads_imports_with_a_note(tmp_path):
   source, hf = _hf_dir(tmp_path, "encoder", transformers.BertModel, seed=1)
   with pytest.warns(UserWarning, match="has no MLM head, NSP head"):
-    config, params, _ = pretrained.load_pretrained(source)
-  assert pretrained.heads_present(params) == {"pooler": True, "mlm": False, "nsp": False}
+    config, params, _ = weights.load_pretrained(source)
+  assert weights.heads_present(params) == {"pooler": True, "mlm": False, "nsp": False}
   assert set(params) == {"bert"}
   ids, types, mask, _ = _batch()
   sequence, pooled = BertModel(config).apply({"params": params["bert"]}, ids, types, mask)
@@ -203,18 +208,18 @@ def test_bert_model_without_heads_imports_with_a_note(tmp_path):
   print(f"\nBertModel import: hidden states max abs error {error:.2e}")
 
   # Saved and exported, the heads stay absent: HF gets a BertModel, with nothing missing.
-  saved = pretrained.save_pretrained(tmp_path / "saved", params, config, source + "/vocab.txt",
-                                     note="encoder only")
-  info = json.load(open(os.path.join(saved, pretrained.FORMAT_FILE)))
+  saved = weights.save_pretrained(tmp_path / "saved", params, config, source + "/vocab.txt",
+                                  note="encoder only")
+  info = json.load(open(os.path.join(saved, weights.FORMAT_FILE)))
   assert info["heads"] == {"pooler": True, "mlm": False, "nsp": False}
   with pytest.warns(UserWarning, match="no MLM head, NSP head"):
-    _, reloaded_params, _ = pretrained.load_pretrained(saved)
-  assert pretrained.heads_present(reloaded_params)["mlm"] is False
-  assert pretrained.save_hf(tmp_path / "hf_out", reloaded_params, config, None) == "BertModel"
+    _, reloaded_params, _ = weights.load_pretrained(saved)
+  assert weights.heads_present(reloaded_params)["mlm"] is False
+  assert weights.save_hf(tmp_path / "hf_out", reloaded_params, config, None) == "BertModel"
   # Continued pretraining initialises the heads explicitly; the encoder stays as imported.
   fresh = BertForPreTraining(config).init(jax.random.key(0), *_batch())["params"]
-  full = pretrained.fill_missing_heads(reloaded_params, fresh)
-  assert pretrained.heads_present(full) == {"pooler": True, "mlm": True, "nsp": True}
+  full = weights.fill_missing_heads(reloaded_params, fresh)
+  assert weights.heads_present(full) == {"pooler": True, "mlm": True, "nsp": True}
   np.testing.assert_array_equal(full["bert"]["layer_0"]["output"]["kernel"],
                                 reloaded_params["bert"]["layer_0"]["output"]["kernel"])
   assert np.isfinite(_our_logits(config, full, _batch())["mlm_logits"]).all()
@@ -269,7 +274,7 @@ def tf_checkpoint_dir(tmp_path_factory):
            for n, v in variables.items() for s in ("adam_m", "adam_v")}
   tensors = {**variables, **slots, "global_step": np.array(1000, np.int64)}
   # Small blocks: the index spans several data blocks, as large checkpoints' do.
-  tf_checkpoint.write_bundle(str(directory / "bert_model.ckpt"), tensors, block_size=1024)
+  tf_bundle_writer.write_bundle(str(directory / "bert_model.ckpt"), tensors, block_size=1024)
   with open(directory / "bert_config.json", "w") as f:
     json.dump({k: v for k, v in hf.config.to_dict().items()
                if k in ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
@@ -282,28 +287,28 @@ def tf_checkpoint_dir(tmp_path_factory):
 
 def test_tf_checkpoint_imports_with_hf_logits(tf_checkpoint_dir, tmp_path):
   directory, hf = tf_checkpoint_dir
-  reader = tf_checkpoint.BundleReader(str(directory / "bert_model.ckpt"))
+  reader = tf_bundle.BundleReader(str(directory / "bert_model.ckpt"))
   assert len(reader.names()) == 3 * 46 + 1  # 46 variables, 2 Adam slots each, global_step.
   assert reader.read("global_step") == 1000
 
-  config, params, vocab = pretrained.load_tf(str(directory / "bert_model.ckpt"))
-  assert pretrained.heads_present(params) == {"pooler": True, "mlm": True, "nsp": True}
+  config, params, vocab = weights.load_tf(str(directory / "bert_model.ckpt"))
+  assert weights.heads_present(params) == {"pooler": True, "mlm": True, "nsp": True}
   batch = _batch()
   error = _max_error(_our_logits(config, params, batch), _hf_logits(hf, batch))
   assert error <= 1e-5
   print(f"\nTF import: bert_jax vs HF max abs error {error:.2e}")
 
   # Through a saved bert_jax directory (load_pretrained also takes the TF directory itself).
-  saved = pretrained.save_pretrained(tmp_path / "from_tf", params, config, vocab)
+  saved = weights.save_pretrained(tmp_path / "from_tf", params, config, vocab)
   for path in (saved, str(directory)):
-    config2, params2, vocab2 = pretrained.load_pretrained(path)
+    config2, params2, vocab2 = weights.load_pretrained(path)
     assert config2 == config and vocab2.size == vocab.size
     jax.tree.map(np.testing.assert_array_equal, params2, params)
 
 
 def test_tf_format_details_and_damage(tf_checkpoint_dir, tmp_path):
   # CRC-32C check value, and lengths around the vectorised chunking.
-  assert tf_checkpoint.crc32c(b"123456789") == 0xE3069283
+  assert tf_bundle.crc32c(b"123456789") == 0xE3069283
   rng = np.random.default_rng(0)
   for n in (0, 3, 4, 5, 63, 64, 65, 1000, 70_001):
     data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
@@ -312,9 +317,9 @@ def test_tf_format_details_and_damage(tf_checkpoint_dir, tmp_path):
       crc ^= byte
       for _ in range(8):
         crc = (crc >> 1) ^ (0x82F63B78 if crc & 1 else 0)
-    assert tf_checkpoint.crc32c(data) == crc ^ 0xFFFFFFFF, n
+    assert tf_bundle.crc32c(data) == crc ^ 0xFFFFFFFF, n
   # A snappy-compressed block decodes (literal "abc", then a 9-byte copy at offset 3).
-  assert tf_checkpoint._snappy_decompress(b"\x0c\x08abc\x15\x03") == b"abcabcabcabc"
+  assert tf_bundle._snappy_decompress(b"\x0c\x08abc\x15\x03") == b"abcabcabcabc"
 
   directory, _ = tf_checkpoint_dir
   damaged = tmp_path / "damaged"
@@ -324,17 +329,17 @@ def test_tf_format_details_and_damage(tf_checkpoint_dir, tmp_path):
   raw[100] ^= 0xFF
   data_file.write_bytes(bytes(raw))
   with pytest.raises(ValueError, match=r"bert_model\.ckpt\.data-00000-of-00001 is corrupted"):
-    pretrained.load_tf(str(damaged / "bert_model.ckpt"))
+    weights.load_tf(str(damaged / "bert_model.ckpt"))
   raw[100] ^= 0xFF
   data_file.write_bytes(bytes(raw[:len(raw) // 2]))
   with pytest.raises(ValueError, match="is truncated"):
-    pretrained.load_tf(str(damaged / "bert_model.ckpt"))
+    weights.load_tf(str(damaged / "bert_model.ckpt"))
   (damaged / "bert_model.ckpt.index").write_bytes(b"not a checkpoint index" * 4)
   with pytest.raises(ValueError, match=r"bert_model\.ckpt\.index is not a readable TensorFlow"):
-    pretrained.load_tf(str(damaged / "bert_model.ckpt"))
+    weights.load_tf(str(damaged / "bert_model.ckpt"))
   os.remove(damaged / "bert_model.ckpt.index")
   with pytest.raises(ValueError, match=r"index .*damaged/bert_model\.ckpt\.index does not exist"):
-    pretrained.load_tf(str(damaged / "bert_model.ckpt"))
+    weights.load_tf(str(damaged / "bert_model.ckpt"))
 
 
 # ---------------------------------------------------------------------------- tokenization
@@ -354,13 +359,13 @@ def test_wordpiece_ids_and_pairs_match_bert_tokenizer_fast(tmp_path, tokens, low
 
   for max_length in (3, 5, 8, 13, 24, 64):
     for text_a, text_b in zip(SENTENCES, SENTENCES[1:] + SENTENCES[:1]):
-      ours = pretrained.encode_pair(vocab, text_a, text_b, max_length=max_length)
+      ours = encode_pair(vocab, text_a, text_b, max_length=max_length)
       theirs = reference(text_a, text_b or None, truncation=True, max_length=max_length,
                          padding="max_length")
       for key in ("input_ids", "token_type_ids", "attention_mask"):
         assert ours[key].dtype == np.int32 and ours[key].shape == (max_length,)
         assert ours[key].tolist() == theirs[key], (key, max_length, text_a, text_b)
-    single = pretrained.encode_pair(vocab, SENTENCES[0], max_length=max_length)
+    single = encode_pair(vocab, SENTENCES[0], max_length=max_length)
     assert single["input_ids"].tolist() == reference(
         SENTENCES[0], truncation=True, max_length=max_length, padding="max_length")["input_ids"]
 
@@ -369,7 +374,7 @@ def test_wordpiece_ids_and_pairs_match_bert_tokenizer_fast(tmp_path, tokens, low
   _write_vocab(hf_dir, tokens)
   with open(hf_dir / "tokenizer_config.json", "w") as f:
     json.dump({"do_lower_case": not lowercase}, f)
-  flipped = pretrained._hf_vocab(str(hf_dir))
+  flipped = weights.hf.read_vocab(str(hf_dir))
   reference = transformers.BertTokenizerFast(vocab_file, do_lower_case=not lowercase)
   assert flipped.encode(SENTENCES[1]) == reference(
       SENTENCES[1], add_special_tokens=False)["input_ids"]
@@ -383,10 +388,10 @@ def test_bad_inputs_raise_errors_naming_the_file(tmp_path):
 
   broken = tmp_path / "truncated"
   shutil.copytree(source, broken)
-  weights = broken / "model.safetensors"
-  weights.write_bytes(weights.read_bytes()[:weights.stat().st_size // 2])
+  weights_file = broken / "model.safetensors"
+  weights_file.write_bytes(weights_file.read_bytes()[:weights_file.stat().st_size // 2])
   with pytest.raises(ValueError, match=r"truncated/model\.safetensors is not a readable"):
-    pretrained.load_pretrained(str(broken))
+    weights.load_pretrained(str(broken))
 
   torch_dir = tmp_path / "torch"
   shutil.copytree(source, torch_dir)
@@ -394,13 +399,13 @@ def test_bad_inputs_raise_errors_naming_the_file(tmp_path):
   torch.save(hf.state_dict(), torch_dir / "pytorch_model.bin")
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")
-    config, params, _ = pretrained.load_pretrained(str(torch_dir))  # A good .bin loads.
+    config, params, _ = weights.load_pretrained(str(torch_dir))  # A good .bin loads.
   error = _max_error(_our_logits(config, params, _batch()), _hf_logits(hf, _batch()))
   assert error <= 1e-5
   raw = (torch_dir / "pytorch_model.bin").read_bytes()
   (torch_dir / "pytorch_model.bin").write_bytes(raw[:-200] + b"\0" * 200)
   with pytest.raises(ValueError, match=r"torch/pytorch_model\.bin is not a readable PyTorch"):
-    pretrained.load_pretrained(str(torch_dir))
+    weights.load_pretrained(str(torch_dir))
 
   wrong = tmp_path / "wrong_config"
   shutil.copytree(source, wrong)
@@ -408,7 +413,7 @@ def test_bad_inputs_raise_errors_naming_the_file(tmp_path):
   json.dump({**config_json, "hidden_size": 48}, open(wrong / "config.json", "w"))
   with pytest.raises(ValueError, match=r"wrong_config/model\.safetensors \(with .*wrong_config/"
                      r"config\.json\): Shape mismatch for bert\.embeddings\.word_embeddings"):
-    pretrained.load_pretrained(str(wrong))
+    weights.load_pretrained(str(wrong))
 
   not_finite = tmp_path / "nan"
   shutil.copytree(source, not_finite)
@@ -417,26 +422,26 @@ def test_bad_inputs_raise_errors_naming_the_file(tmp_path):
   state["cls.predictions.bias"][3] = np.nan
   safetensors.numpy.save_file(state, str(not_finite / "model.safetensors"))
   with pytest.raises(ValueError, match=r"nan/model\.safetensors.*mlm/bias holds NaN"):
-    pretrained.load_pretrained(str(not_finite))
+    weights.load_pretrained(str(not_finite))
 
   no_vocab = tmp_path / "no_vocab"
   shutil.copytree(source, no_vocab)
   os.remove(no_vocab / "vocab.txt")
   with pytest.raises(ValueError, match=r"no_vocab: no vocabulary \(expected tokenizer\.json or "
                      r"vocab\.txt\)"):
-    pretrained.load_pretrained(str(no_vocab))
+    weights.load_pretrained(str(no_vocab))
 
   no_config = tmp_path / "no_config"
   shutil.copytree(source, no_config)
   os.remove(no_config / "config.json")
   with pytest.raises(ValueError, match=r"no_config: no config\.json"):
-    pretrained.load_pretrained(str(no_config))
+    weights.load_pretrained(str(no_config))
   os.remove(no_config / "model.safetensors")
   with pytest.raises(ValueError, match=r"no_config: not a pretrained BERT"):
-    pretrained.load_pretrained(str(no_config))
+    weights.load_pretrained(str(no_config))
 
   with pytest.raises(ValueError, match=r"missing\.ckpt\.index does not exist"):
-    pretrained.load_tf(str(tmp_path / "missing.ckpt"))
+    weights.load_tf(str(tmp_path / "missing.ckpt"))
 
 
 # ------------------------------------------------------------------------ training workdirs
@@ -459,9 +464,9 @@ def test_load_pretrained_from_a_real_training_run(tmp_path):
     config, params, vocab = bert_jax.load_pretrained(workdir)
   assert vocab is None  # Synthetic data has no vocabulary.
   assert (config.vocab_size, config.hidden_size, config.num_hidden_layers) == (64, 32, 1)
-  assert pretrained.heads_present(params) == {"pooler": True, "mlm": True, "nsp": True}
+  assert weights.heads_present(params) == {"pooler": True, "mlm": True, "nsp": True}
 
-  assert pretrained.save_hf(tmp_path / "hf", params, config, None) == "BertForPreTraining"
+  assert weights.save_hf(tmp_path / "hf", params, config, None) == "BertForPreTraining"
   hf = transformers.BertForPreTraining.from_pretrained(tmp_path / "hf").eval()
   ids, types, mask, positions = _batch()
   batch = (ids % 64, types, mask, positions)
@@ -478,39 +483,81 @@ def test_load_pretrained_from_a_checkpointer_workdir_with_a_vocabulary(tmp_path)
                       num_attention_heads=2, intermediate_size=64, max_position_embeddings=32,
                       dtype="bfloat16")
   model_config = BertConfig.from_config(config.model)
-  init = functools.partial(steps.init_state, model=BertForPreTraining(model_config),
-                           optimizer=optimizer_lib.make_optimizer(config.train), seq_len=16,
-                           num_predictions=4)
+  optimizer = optimizer_lib.make_optimizer(config.train)
+
+  def init(rng):
+    ids = jnp.zeros((1, 16), jnp.int32)
+    params = BertForPreTraining(model_config).init(rng, ids, ids, ids, ids[:, :4])["params"]
+    return steps.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                            opt_state=optimizer.init(params))
+
   # The real TrainState structure (AdamW state included), filled with random numbers: running
   # the init itself costs ~10 s of op-by-op dispatch here.
   rng = np.random.default_rng(0)
   shapes = nn.meta.unbox(jax.eval_shape(init, jax.random.key(0)))
   state = jax.device_put(
       jax.tree.map(lambda x: (0.1 * rng.normal(size=x.shape)).astype(x.dtype), shapes))
-  vocab_dir = tmp_path / "vocab"
-  Vocab.load(_write_vocab(tmp_path / "raw_vocab", _UNCASED)).save(str(vocab_dir))
+  saved_vocab = Vocab.load(_write_vocab(tmp_path / "raw_vocab", _UNCASED))
   config.checkpoint.save_every_steps = 1
-  checkpointer = checkpointing.Checkpointer(str(tmp_path / "run" / "checkpoints"),
-                                            config.checkpoint)
+  checkpointer = checkpointing.Checkpointer(str(tmp_path / "run"), config.checkpoint)
   meta = {"config": checkpointing.to_json(config.to_dict()),
-          "model_config": checkpointing.to_json(dataclasses.asdict(model_config)),
-          "vocab": checkpointing.encode_files(str(vocab_dir))}
+          "model_config": checkpointing.to_json(dataclasses.asdict(model_config))}
   older = state.replace(params=jax.tree.map(lambda x: x + 1, state.params))
-  checkpointer.save(1, older, b"{}", meta)
-  checkpointer.save(2, state.replace(step=state.step + 2), b"{}", meta)
+  checkpointer.save(1, older, b"{}", meta, saved_vocab)
+  checkpointer.save(2, state.replace(step=state.step + 2), b"{}", meta, saved_vocab)
   checkpointer.close()
 
-  loaded_config, params, vocab = pretrained.load_pretrained(str(tmp_path / "run"))
+  loaded_config, params, vocab = weights.load_pretrained(str(tmp_path / "run"))
   assert loaded_config == dataclasses.replace(model_config, dtype=np.float32)  # f32 compute.
   jax.tree.map(np.testing.assert_array_equal, params, jax.device_get(state.params))  # Latest.
   assert vocab.size == len(_UNCASED) and vocab.mask_id == 7
-  _, older_params, _ = pretrained.load_pretrained(str(tmp_path / "run" / "checkpoints" / "1"))
+  _, older_params, _ = weights.load_pretrained(str(tmp_path / "run" / "checkpoints" / "1"))
   jax.tree.map(np.testing.assert_array_equal, older_params, jax.device_get(older.params))
 
   # A workdir exports to HF like a pretrained directory does.
   export = str(tmp_path / "hf")
-  assert pretrained.save_hf(export, params, loaded_config, vocab) == "BertForPreTraining"
+  assert weights.save_hf(export, params, loaded_config, vocab) == "BertForPreTraining"
   hf = transformers.BertForPreTraining.from_pretrained(export).eval()
   batch = _batch()
   error = _max_error(_our_logits(loaded_config, params, batch), _hf_logits(hf, batch))
+  assert error <= 1e-5
+
+
+def test_a_fine_tuned_workdir_loads_and_exports_its_encoder_without_the_task_head(tmp_path,
+                                                                                  caplog):
+  """A fine-tuning run's best export holds {"bert", "classifier"}: loading keeps the encoder
+  (pooler included) and leaves the classifier out; convert exports it as a BertModel."""
+  from bert_jax import checkpointing
+
+  source, hf = _hf_dir(tmp_path, "encoder", transformers.BertModel, seed=3)
+  with pytest.warns(UserWarning, match="has no MLM head, NSP head"):
+    config, encoder, vocab = weights.load_pretrained(source)
+  rng = np.random.default_rng(0)
+  classifier = {"kernel": rng.normal(size=(config.hidden_size, 3)).astype(np.float32),
+                "bias": rng.normal(size=(3,)).astype(np.float32)}
+  workdir = str(tmp_path / "finetuned")
+  export = checkpointing.BestExport(workdir)
+  export.save(7, {**encoder, "classifier": classifier},
+              {"model_config": checkpointing.to_json(dataclasses.asdict(config))}, vocab)
+  export.close()
+
+  with caplog.at_level(logging.INFO, logger="bert_jax.weights"), \
+      pytest.warns(UserWarning, match="has no MLM head, NSP head"):
+    loaded_config, params, loaded_vocab = weights.load_pretrained(workdir)
+  assert "left out the fine-tuning head classifier" in caplog.text
+  assert loaded_config == config and loaded_vocab.size == vocab.size
+  assert set(params) == {"bert"}
+  jax.tree.map(np.testing.assert_array_equal, params, encoder)
+
+  exported = str(tmp_path / "hf_out")
+  result = _run_convert(f"--from_bert_jax={workdir}", f"--to_hf={exported}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "Wrote BertModel" in result.stdout
+  assert "left out the fine-tuning head classifier" in result.stderr
+  reloaded, loading = transformers.BertModel.from_pretrained(exported, output_loading_info=True)
+  assert not loading["missing_keys"] and not loading["unexpected_keys"], loading
+  ids, types, mask, _ = _batch()
+  ours, theirs = _hf_outputs(reloaded.eval(), ids, types, mask), _hf_outputs(hf, ids, types, mask)
+  error = max(float((ours.last_hidden_state - theirs.last_hidden_state).abs().max()),
+              float((ours.pooler_output - theirs.pooler_output).abs().max()))
   assert error <= 1e-5

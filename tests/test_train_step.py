@@ -7,9 +7,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import optimizer as optimizer_lib, sharding, train
+from bert_jax import optimizer as optimizer_lib, sharding, trainer
 from bert_jax.masking import MaskingConfig
-from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.model import BertConfig
+from bert_jax.tasks import PretrainingTask
 from configs import tiny
 
 SEQ_LEN = 32
@@ -51,20 +52,18 @@ def _batch(seed=0):
 def _run(config, devices, num_steps=3):
   """Losses and final state of `num_steps` steps on a mesh over `devices`."""
   mesh = sharding.make_mesh(config.mesh, devices)
-  model = BertForPreTraining(BertConfig.from_config(config.model))
-  optimizer = optimizer_lib.make_optimizer(config.train)
   masking = MaskingConfig.from_config(config.masking, vocab_size=300, mask_token_id=4,
                                       special_token_ids=(0, 1, 2, 3, 4), unk_token_id=1)
+  task = PretrainingTask(BertConfig.from_config(config.model), masking, SEQ_LEN)
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
-    shardings, _ = train.state_shardings_and_shapes(config, model, optimizer, mesh)
-    state = train.init_sharded_state(config, model, optimizer, shardings, jax.random.key(0))
-    step = train.jit_train_step(config, model, optimizer, masking, shardings)
+    prog = trainer.make_program(config, task, mesh)
+    state = prog.init(jax.random.key(0))
     losses = []
     for i in range(num_steps):
       batch = sharding.global_batch_from_local(_batch(i), mesh)
-      state, metrics = step(state, batch, jax.random.key(1))
+      state, metrics = prog.train_step(state, batch, jax.random.key(1))
       losses.append(float(metrics["loss"]))
-  return losses, state, step
+  return losses, state, prog.train_step
 
 
 @pytest.fixture(scope="module")

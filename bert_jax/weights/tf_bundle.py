@@ -1,14 +1,12 @@
-"""TensorFlow checkpoints (google-research/bert's `bert_model.ckpt`) without TensorFlow.
+"""TensorFlow tensor bundles (TF1/TF2 "V2" checkpoints, e.g. google-research/bert's
+`bert_model.ckpt`) read with numpy alone: TensorFlow is not a dependency.
 
-A TF2/TF1 "V2" checkpoint is a tensor bundle: `<prefix>.index` is a leveldb-format table (data
-blocks of prefix-compressed key/value entries with restart points, an index block, a 48-byte
-footer) mapping each variable name to a serialized `BundleEntryProto` (dtype, shape, shard id,
-offset, size, masked crc32c), and `<prefix>.data-0000i-of-0000n` hold the raw little-endian
-tensor bytes. `BundleReader` reads it with numpy alone; `write_bundle` writes the same format
-(used by the tests to build checkpoints, as TensorFlow is not a dependency).
-
-`hf_state_dict_from_tf` renames google-research/bert variables to HuggingFace BertForPreTraining
-names, so `bert_jax.convert.params_from_hf` stays the one mapping table into bert_jax params.
+A bundle is `<prefix>.index`, a leveldb-format table (data blocks of prefix-compressed key/value
+entries with restart points, an index block, a 48-byte footer) mapping each variable name to a
+serialized `BundleEntryProto` (dtype, shape, shard id, offset, size, masked crc32c), and
+`<prefix>.data-0000i-of-0000n`, the raw little-endian tensor bytes. `BundleReader` reads it and
+checks every tensor's size and checksum. This module knows nothing of BERT: `weights/tf.py` maps
+google-research/bert's variable names. (The tests write bundles with `tests/tf_bundle_writer.py`.)
 """
 
 from __future__ import annotations
@@ -17,23 +15,19 @@ import dataclasses
 import os
 import re
 import struct
-import warnings
 
 import numpy as np
 
-from bert_jax.varint import encode_varint
-
 INDEX_SUFFIX = ".index"
-_TABLE_MAGIC = 0xDB4775248B80FB57
+TABLE_MAGIC = 0xDB4775248B80FB57
 _FOOTER_SIZE = 48  # Two block handles padded to 40 bytes, then the 8-byte magic.
 _BLOCK_TRAILER_SIZE = 5  # Compression type byte + masked crc32c.
-_NO_COMPRESSION, _SNAPPY = 0, 1
+NO_COMPRESSION, _SNAPPY = 0, 1
 
 # TensorFlow DataType enum values -> numpy dtypes (little-endian, as TF writes on x86/ARM).
-_DTYPES = {1: "<f4", 2: "<f8", 3: "<i4", 4: "u1", 5: "<i2", 6: "i1", 9: "<i8", 10: "?",
-           14: "bfloat16", 17: "<u2", 19: "<f2", 22: "<u4", 23: "<u8"}
+DTYPES = {1: "<f4", 2: "<f8", 3: "<i4", 4: "u1", 5: "<i2", 6: "i1", 9: "<i8", 10: "?",
+          14: "bfloat16", 17: "<u2", 19: "<f2", 22: "<u4", 23: "<u8"}
 _DT_STRING = 7
-_TF_DTYPE_OF = {np.dtype(v): k for k, v in _DTYPES.items() if v != "bfloat16"}
 
 
 # ---------------------------------------------------------------------------------- crc32c
@@ -110,7 +104,7 @@ def mask_crc(crc: int) -> int:
   return (((crc >> 15) | (crc << 17)) + 0xA282EAD8) & 0xFFFFFFFF
 
 
-# ----------------------------------------------------------------------- protobuf and varints
+# ------------------------------------------------------------------------- protobuf decoding
 
 
 def _read_varint(buf: bytes, pos: int) -> tuple[int, int]:
@@ -155,17 +149,6 @@ def _proto_fields(buf: bytes) -> list[tuple[int, int | bytes]]:
   return fields
 
 
-def _field(number: int, wire: int, value: int | bytes) -> bytes:
-  key = encode_varint(number << 3 | wire)
-  if wire == 0:
-    return key + encode_varint(value)
-  if wire == 2:
-    return key + encode_varint(len(value)) + value
-  if wire == 5:
-    return key + struct.pack("<I", value)
-  raise ValueError(wire)
-
-
 @dataclasses.dataclass(frozen=True)
 class BundleEntry:
   """A parsed `BundleEntryProto`: where one tensor's bytes are and how to check them."""
@@ -199,11 +182,6 @@ class BundleEntry:
       elif number == 7:
         values["sliced"] = True
     return cls(**values)
-
-  def serialize(self) -> bytes:
-    dims = b"".join(_field(2, 2, _field(1, 0, d)) for d in self.shape)
-    return (_field(1, 0, self.dtype) + _field(2, 2, dims) + _field(3, 0, self.shard_id)
-            + _field(4, 0, self.offset) + _field(5, 0, self.size) + _field(6, 5, self.crc32c))
 
 
 # ------------------------------------------------------------------------- leveldb table format
@@ -256,7 +234,7 @@ def _read_block(index_bytes: bytes, offset: int, size: int) -> bytes:
     raise ValueError(f"checksum mismatch in the block at offset {offset}")
   if kind == _SNAPPY:
     return _snappy_decompress(contents)
-  if kind != _NO_COMPRESSION:
+  if kind != NO_COMPRESSION:
     raise ValueError(f"unknown block compression type {kind}")
   return contents
 
@@ -294,7 +272,7 @@ def read_table(index_bytes: bytes) -> list[tuple[bytes, bytes]]:
   if len(index_bytes) < _FOOTER_SIZE:
     raise ValueError(f"file too short for a table ({len(index_bytes)} bytes)")
   footer = index_bytes[-_FOOTER_SIZE:]
-  if struct.unpack_from("<Q", footer, 40)[0] != _TABLE_MAGIC:
+  if struct.unpack_from("<Q", footer, 40)[0] != TABLE_MAGIC:
     raise ValueError("no table magic number at the end of the file")
   _, _, pos = _read_handle(footer, 0)  # The metaindex block: TF writes no filters.
   index_offset, index_size, _ = _read_handle(footer, pos)
@@ -303,60 +281,6 @@ def read_table(index_bytes: bytes) -> list[tuple[bytes, bytes]]:
     offset, size, _ = _read_handle(handle, 0)
     entries.extend(_block_entries(_read_block(index_bytes, offset, size)))
   return entries
-
-
-class _BlockBuilder:
-  def __init__(self, restart_interval: int):
-    self.restart_interval = restart_interval
-    self.buffer = bytearray()
-    self.restarts = [0]
-    self.count = 0
-    self.last_key = b""
-
-  def add(self, key: bytes, value: bytes) -> None:
-    shared = 0
-    if self.count < self.restart_interval:
-      while shared < min(len(key), len(self.last_key)) and key[shared] == self.last_key[shared]:
-        shared += 1
-    else:
-      self.restarts.append(len(self.buffer))
-      self.count = 0
-    self.buffer += encode_varint(shared) + encode_varint(len(key) - shared) + encode_varint(len(value))
-    self.buffer += key[shared:] + value
-    self.last_key = key
-    self.count += 1
-
-  def finish(self) -> bytes:
-    return bytes(self.buffer) + b"".join(struct.pack("<I", r) for r in self.restarts) + \
-        struct.pack("<I", len(self.restarts))
-
-  def size(self) -> int:
-    return len(self.buffer) + 4 * len(self.restarts) + 4
-
-
-def write_table(path: str, entries: list[tuple[bytes, bytes]], block_size: int = 4096) -> None:
-  """A leveldb-format table (uncompressed, as TF writes bundles) of sorted key/value pairs."""
-  out = bytearray()
-
-  def emit(contents: bytes) -> bytes:
-    handle = encode_varint(len(out)) + encode_varint(len(contents))
-    out.extend(contents + bytes([_NO_COMPRESSION]))
-    out.extend(struct.pack("<I", mask_crc(crc32c(contents + bytes([_NO_COMPRESSION])))))
-    return handle
-
-  index = _BlockBuilder(restart_interval=1)
-  block = _BlockBuilder(restart_interval=16)
-  for key, value in entries:
-    block.add(key, value)
-    if block.size() >= block_size:
-      index.add(block.last_key, emit(block.finish()))
-      block = _BlockBuilder(restart_interval=16)
-  if block.count or not index.count:
-    index.add(block.last_key, emit(block.finish()))
-  metaindex = emit(_BlockBuilder(restart_interval=16).finish())
-  footer = (metaindex + emit(index.finish())).ljust(40, b"\0") + struct.pack("<Q", _TABLE_MAGIC)
-  with open(path, "wb") as f:
-    f.write(bytes(out) + footer)
 
 
 # ------------------------------------------------------------------------------ tensor bundles
@@ -369,7 +293,8 @@ def resolve_prefix(path: str) -> str:
   if os.path.isdir(path):
     state_file = os.path.join(path, "checkpoint")  # TF's "model_checkpoint_path: ..." file.
     if os.path.isfile(state_file):
-      match = re.search(r'^model_checkpoint_path:\s*"(.*)"', open(state_file).read(), re.M)
+      with open(state_file, encoding="utf-8") as f:
+        match = re.search(r'^model_checkpoint_path:\s*"(.*)"', f.read(), re.M)
       if match:
         prefix = match.group(1)
         return prefix if os.path.isabs(prefix) else os.path.join(path, prefix)
@@ -419,9 +344,9 @@ class BundleReader:
     entry = self.entries[name]
     if entry.sliced:
       raise ValueError(f"{self.index_file}: {name} is a partitioned variable (not supported)")
-    if entry.dtype == _DT_STRING or entry.dtype not in _DTYPES:
+    if entry.dtype == _DT_STRING or entry.dtype not in DTYPES:
       raise ValueError(f"{self.index_file}: {name} has TF dtype {entry.dtype}, not a numeric type")
-    dtype = _DTYPES[entry.dtype]
+    dtype = DTYPES[entry.dtype]
     if dtype == "bfloat16":
       import ml_dtypes  # A jax dependency.
       dtype = ml_dtypes.bfloat16
@@ -442,78 +367,3 @@ class BundleReader:
     if mask_crc(crc32c(raw)) != entry.crc32c:
       raise ValueError(f"{data_file} is corrupted: the checksum of {name} does not match")
     return np.frombuffer(raw, dtype=dtype).reshape(entry.shape)
-
-
-def write_bundle(prefix: str, tensors: dict[str, np.ndarray], block_size: int = 4096) -> None:
-  """Writes `tensors` as a one-shard TF tensor bundle, as TF's BundleWriter does (for tests)."""
-  os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
-  entries, offset = [], 0
-  with open(data_filename(prefix, 0, 1), "wb") as data:
-    for name in sorted(tensors, key=lambda n: n.encode("utf-8")):
-      array = np.asarray(tensors[name], order="C")  # (ascontiguousarray makes scalars 1-d.)
-      array = array.astype(array.dtype.newbyteorder("<"))
-      raw = array.tobytes()
-      entry = BundleEntry(dtype=_TF_DTYPE_OF[array.dtype], shape=tuple(array.shape), shard_id=0,
-                          offset=offset, size=len(raw), crc32c=mask_crc(crc32c(raw)),
-                          sliced=False)
-      data.write(raw)
-      offset += len(raw)
-      entries.append((name.encode("utf-8"), entry.serialize()))
-  version = _field(1, 0, 1)  # VersionDef.producer = 1 (TF's kTensorBundleVersion).
-  header = _field(1, 0, 1) + _field(2, 0, 0) + _field(3, 2, version)
-  write_table(prefix + INDEX_SUFFIX, [(b"", header)] + entries, block_size)
-
-
-# ------------------------------------------------------------- google-research/bert -> HF names
-
-# Optimizer state and bookkeeping that google-research/bert checkpoints carry.
-_IGNORED = re.compile(r"(^|/)(adam_m|adam_v|global_step|beta[12]_power|Momentum)$|"
-                      r"^(global_step|good_steps|loss_scale|current_loss_scale)$|"
-                      r"AdamWeightDecayOptimizer|/Adam(_1)?$")
-
-
-def hf_name(tf_name: str) -> tuple[str, bool]:
-  """google-research/bert variable name -> (BertForPreTraining name, transpose?).
-
-  bert/encoder/layer_3/attention/self/query/kernel -> bert.encoder.layer.3.attention.self.query
-  .weight (transposed: TF dense kernels are [in, out], PyTorch Linear weights [out, in]);
-  LayerNorm gamma/beta -> weight/bias; cls/predictions/output_bias -> cls.predictions.bias;
-  cls/seq_relationship/output_weights is already [2, H] and keeps its layout.
-  """
-  if tf_name == "cls/predictions/output_bias":
-    return "cls.predictions.bias", False
-  if tf_name == "cls/seq_relationship/output_weights":
-    return "cls.seq_relationship.weight", False
-  if tf_name == "cls/seq_relationship/output_bias":
-    return "cls.seq_relationship.bias", False
-  parts = tf_name.split("/")
-  parts = [re.sub(r"^layer_(\d+)$", r"layer.\1", p) for p in parts]
-  last = parts[-1]
-  if last.endswith("_embeddings"):
-    return ".".join(parts + ["weight"]), False
-  renamed = {"kernel": "weight", "gamma": "weight", "beta": "bias", "bias": "bias"}.get(last)
-  if renamed is None:
-    return ".".join(parts), False
-  return ".".join(parts[:-1] + [renamed]), last == "kernel"
-
-
-def hf_state_dict_from_tf(reader: BundleReader) -> dict[str, np.ndarray]:
-  """The model variables of a google-research/bert checkpoint with HF names, as float32.
-
-  Optimizer slots (adam_m/adam_v) and global_step are skipped; variables outside `bert/` and
-  `cls/` (e.g. a fine-tuned classifier's output_weights) are skipped with a warning naming them.
-  """
-  state, skipped = {}, []
-  for name in reader.names():
-    if _IGNORED.search(name):
-      continue
-    if not name.startswith(("bert/", "cls/")):
-      skipped.append(name)
-      continue
-    key, transpose = hf_name(name)
-    array = reader.read(name).astype(np.float32)
-    state[key] = np.ascontiguousarray(array.T) if transpose else array
-  if skipped:
-    warnings.warn(f"{reader.index_file}: skipped variables that are not part of BERT's "
-                  f"encoder or pretraining heads: {skipped}", stacklevel=2)
-  return state

@@ -1,0 +1,86 @@
+"""What the trainer needs from a task: one small interface shared by pretraining and every
+fine-tuning task, so the loop, resume, preemption, sharding and logging exist once.
+
+A task owns its model and its objective. Inside the jitted step it may `prepare` a batch (the
+pretraining task masks it there), computes loss sums and the counts that normalise them, and
+for evaluation returns per-row outputs plus sums; on the host it turns summed metrics and
+gathered outputs into the numbers a user reads. Metrics are sums plus counts so that means over
+microbatches, batches and hosts are exact.
+"""
+
+from typing import Any, ClassVar
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+Batch = dict[str, jax.Array]
+
+
+class Task:
+  """The interface; subclasses set `model`, `loss_terms` and override what they need."""
+
+  name: ClassVar[str]
+  # (sum name, count name) per loss term: loss = sum over terms of sum / batch count.
+  loss_terms: ClassVar[tuple[tuple[str, str], ...]]
+  # Metrics of the console line (after "loss"), in order.
+  log_keys: ClassVar[tuple[str, ...]] = ()
+  model: nn.Module
+  # Top-level params subtrees the optimizer leaves bit-identical (a frozen encoder).
+  frozen: tuple[str, ...] = ()
+
+  # ------------------------------------------------------------ shapes (host, static)
+  def example_inputs(self) -> tuple:
+    """Positional inputs (batch 1) that `model.init` traces."""
+    raise NotImplementedError
+
+  def batch_signature(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+    """Per-example fields of a train batch: name -> (shape without batch, dtype)."""
+    raise NotImplementedError
+
+  # ------------------------------------------------------------ inside the jitted step
+  def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
+    """The batch as the loss sees it (random corruption happens here); identity by default."""
+    del rng
+    return batch
+
+  def loss_counts(self, batch: Batch) -> dict[str, jax.Array]:
+    """The count of each loss term over a whole (prepared) batch, from the batch alone: the
+    denominators, fixed before microbatching so accumulation equals the full batch."""
+    raise NotImplementedError
+
+  def loss_sums(self, params, batch: Batch, dropout_rng: jax.Array | None) -> dict[str, jax.Array]:
+    """Forward (dropout on when `dropout_rng` is given) -> f32 sums and counts."""
+    raise NotImplementedError
+
+  def loss(self, sums: dict[str, jax.Array], counts: dict[str, jax.Array]) -> jax.Array:
+    return sum(sums[total] / jnp.maximum(counts[count], 1.0) for total, count in self.loss_terms)
+
+  def eval_outputs(self, params, batch: Batch) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
+    """Deterministic forward of a (prepared) eval batch -> (per-row outputs kept for host
+    scoring, sums). Rows with `example_weight` 0 are padding."""
+    raise NotImplementedError
+
+  # ------------------------------------------------------------ on the host
+  def report(self, sums: dict[str, float]) -> dict[str, float]:
+    """Summed train metrics (over steps) -> means for the log."""
+    raise NotImplementedError
+
+  def scores(self, outputs: dict[str, np.ndarray], sums: dict[str, float], data) -> dict[str, float]:
+    """Evaluation metrics from the outputs of every real eval row (in order) and the summed
+    sums; `data` is the evaluation data the driver passed (None for pretraining)."""
+    raise NotImplementedError
+
+  def initial_params(self, pretrained: dict) -> dict:
+    """Pretrained params (BertForPreTraining layout: bert, mlm, nsp) -> the subtrees of this
+    model's params they fill; the rest keeps its fresh initialisation."""
+    raise NotImplementedError
+
+  def meta(self) -> dict[str, Any]:
+    """What a checkpoint records to rebuild this task (prediction, resume checks)."""
+    return {"name": self.name}
+
+  def flops_per_example(self) -> float | None:
+    """Model FLOPs of one train example (for MFU), or None when not counted."""
+    return None

@@ -1,0 +1,143 @@
+"""Sequence classification (and regression) on the pooled [CLS] vector, as BERT's GLUE setup.
+
+Records: `text`, optional `text_b`, `label` (a string or int label; a number for regression).
+Scores: accuracy and F1 (binary F1 of the second label for two classes, macro F1 otherwise);
+MSE and Pearson for regression. Shapes: B batch, L sequence length, H hidden, C labels.
+"""
+
+import dataclasses
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax import finetune_data
+from bert_jax.data.encoding import encode_pair
+from bert_jax.data.vocab import Vocab
+from bert_jax.finetune_data import Record, TaskData
+from bert_jax.model import BertConfig, BertModel
+from bert_jax.tasks.finetuning import FinetuneTask, f1_from_counts, head_dense, nll
+
+
+class BertForSequenceClassification(nn.Module):
+  """[CLS] A [SEP] (B [SEP]) -> logits [B, C] f32 (C = 1: a regression score)."""
+  config: BertConfig
+  num_labels: int
+  dropout_prob: float = 0.1
+
+  @nn.compact
+  def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
+    _, pooled = BertModel(self.config, add_pooling_layer=True, name="bert")(
+        input_ids, token_type_ids, attention_mask, deterministic)  # [B, H]
+    pooled = nn.Dropout(self.dropout_prob)(pooled, deterministic=deterministic)
+    return head_dense(self.config, self.num_labels, "classifier")(pooled).astype(jnp.float32)
+
+
+def classification_scores(predicted: Sequence[int], gold: Sequence[int],
+                          num_labels: int) -> dict[str, float]:
+  """accuracy and f1: binary F1 of label 1 (the second label) for 2 classes, else macro F1."""
+  predicted, gold = np.asarray(predicted), np.asarray(gold)
+  scores = {"accuracy": float(np.mean(predicted == gold)) if len(gold) else 0.0}
+  f1s = []
+  for label in range(num_labels):
+    tp = np.sum((predicted == label) & (gold == label))
+    fp = np.sum((predicted == label) & (gold != label))
+    fn = np.sum((predicted != label) & (gold == label))
+    f1s.append(f1_from_counts(tp, fp, fn))
+  scores["f1"] = f1s[1] if num_labels == 2 else float(np.mean(f1s))
+  return scores
+
+
+def regression_scores(predicted: Sequence[float], gold: Sequence[float]) -> dict[str, float]:
+  predicted, gold = np.asarray(predicted, np.float64), np.asarray(gold, np.float64)
+  scores = {"mse": float(np.mean((predicted - gold) ** 2))}
+  both_vary = predicted.std() > 0 and gold.std() > 0
+  scores["pearson"] = float(np.corrcoef(predicted, gold)[0, 1]) if both_vary else 0.0
+  return scores
+
+
+@dataclasses.dataclass(frozen=True)
+class ClassificationTask(FinetuneTask):
+  """Classification with cross-entropy, or regression (one output, MSE)."""
+
+  name = "classification"
+  target_signature = {"labels": ((), jnp.int32)}
+
+  @property
+  def model(self) -> BertForSequenceClassification:
+    return BertForSequenceClassification(self.model_config, self.num_outputs,
+                                         self.settings.head_dropout_prob)
+
+  def batch_signature(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+    signature = super().batch_signature()
+    if self.settings.regression:
+      signature["labels"] = ((), jnp.float32)
+    return signature
+
+  def _terms(self, raw, batch) -> jax.Array:
+    if self.settings.regression:
+      return jnp.square(raw[:, 0] - batch["labels"].astype(jnp.float32))  # [B]
+    return nll(raw, batch["labels"])  # [B]
+
+  @classmethod
+  def labels_from(cls, records: Sequence[Record], configured: Sequence[Any],
+                  regression: bool) -> list[str]:
+    if regression:
+      return ["score"]
+    return finetune_data.label_set(
+        records, configured, lambda r: [finetune_data.field(r, "label", (str, int))])
+
+  def encode(self, records: Sequence[Record], vocab: Vocab, with_labels: bool = True,
+             is_training: bool = False) -> TaskData:
+    """[CLS] text [SEP] (text_b [SEP]), longest-first truncation (counted), labels."""
+    del is_training
+    length = self.settings.max_seq_length
+    texts = [(finetune_data.field(r, "text"), finetune_data.text_b(r)) for r in records]
+    # Lengths first (batched), to count what encode_pair's truncation shortens.
+    lengths_a = [len(ids) for ids in vocab.encode_batch([a for a, _ in texts])]
+    lengths_b = [len(ids) for ids in vocab.encode_batch([b or "" for _, b in texts])]
+    truncated = sum(a + b + (3 if text_b else 2) > length
+                    for a, b, (_, text_b) in zip(lengths_a, lengths_b, texts))
+    rows = [encode_pair(vocab, text, text_b, length) for text, text_b in texts]
+    arrays = {name: np.stack([row[name] for row in rows]) for name in self.input_names}
+    examples = [{"line": record[1]} for record in records]
+    if with_labels:
+      gold = [self._label(record) for record in records]
+      for example, label in zip(examples, gold):
+        example["label"] = label
+      arrays["labels"] = np.asarray(gold, np.float32 if self.settings.regression else np.int32)
+    return TaskData(records[0][0], arrays, examples, truncated)
+
+  def _label(self, record: Record) -> int | float:
+    value = finetune_data.field(record, "label", (str, int, float))
+    if not self.settings.regression:
+      return finetune_data.label_index(record, value, self.settings.labels)
+    try:
+      return float(value)
+    except ValueError as e:
+      raise ValueError(f"{finetune_data.where(record)}: regression label {value!r} is not a "
+                       "number") from e
+
+  def predictions(self, outputs: dict[str, np.ndarray], data: TaskData) -> list[dict[str, Any]]:
+    """{"label", "label_index", "probabilities"} per example; {"score"} for regression."""
+    logits = outputs["logits"]  # [N, C]
+    if self.settings.regression:
+      return [{"score": float(x)} for x in logits[:, 0]]
+    probs = np.exp(logits - logits.max(-1, keepdims=True))
+    probs /= probs.sum(-1, keepdims=True)
+    labels = self.settings.labels
+    return [{"label": labels[int(np.argmax(row))], "label_index": int(np.argmax(row)),
+             "probabilities": {name: float(p) for name, p in zip(labels, row)}}
+            for row in probs]
+
+  def score(self, predicted: list[dict[str, Any]], data: TaskData) -> dict[str, float]:
+    gold = [e["label"] for e in data.examples]
+    if self.settings.regression:
+      return regression_scores([p["score"] for p in predicted], gold)
+    return classification_scores([p["label_index"] for p in predicted], gold,
+                                 len(self.settings.labels))
+
+  def main_metric(self) -> str:
+    return "pearson" if self.settings.regression else "accuracy"

@@ -1,0 +1,182 @@
+"""What the fine-tuning tasks share: their settings, the head layer, loss counting, evaluation
+from per-row outputs, and the encoder plumbing. Each task (classification.py, tagging.py,
+qa.py) adds its model, its input encoding, its predictions and its scores.
+
+Every head model holds the encoder as a submodule named `bert`, so `params["bert"]` of a
+pretraining checkpoint (or an import) plugs in unchanged; only the head's parameters are new.
+"""
+
+import dataclasses
+from typing import Any, ClassVar, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.finetune_data import Record, TaskData
+from bert_jax.data.vocab import Vocab
+from bert_jax.model import EMBED, BertConfig
+from bert_jax.tasks.base import Batch, Task
+
+ENCODER = "bert"  # Name of the encoder submodule in every head model (pooler included).
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneSettings:
+  """The config fields a fine-tuned checkpoint needs to encode inputs and decode outputs."""
+  labels: tuple[str, ...]
+  regression: bool
+  max_seq_length: int
+  max_query_length: int
+  doc_stride: int
+  max_answer_length: int
+  head_dropout_prob: float
+  freeze_encoder: bool
+
+  @classmethod
+  def from_config(cls, config, labels: Sequence[str]) -> "FinetuneSettings":
+    data = config.data
+    return cls(tuple(labels), bool(data.regression), data.max_seq_length, data.max_query_length,
+               data.doc_stride, data.max_answer_length, config.head.dropout_prob,
+               bool(config.train.freeze_encoder))
+
+
+def head_dense(config: BertConfig, features: int, name: str) -> nn.Dense:
+  """The task layer on top of the encoder (BERT's truncated-normal init, zero bias)."""
+  return nn.Dense(
+      features, dtype=config.dtype, param_dtype=config.param_dtype,
+      kernel_init=nn.with_logical_partitioning(
+          nn.initializers.truncated_normal(config.initializer_range), (EMBED, None)),
+      bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)),
+      name=name)
+
+
+def nll(logits, labels):
+  """logits [..., C], labels [...] -> negative log-likelihood [...] f32."""
+  log_probs = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
+  return -jnp.take_along_axis(log_probs, labels[..., None].astype(jnp.int32), axis=-1)[..., 0]
+
+
+def f1_from_counts(tp, fp, fn) -> float:
+  denominator = 2 * tp + fp + fn
+  return float(2 * tp / denominator) if denominator else 0.0
+
+
+def example_weight(batch: Batch) -> jax.Array:
+  """[B] f32: 0 on the padding rows of eval batches, 1 elsewhere (train batches have none)."""
+  weight = batch.get("example_weight")
+  if weight is None:
+    return jnp.ones(batch["input_ids"].shape[:1], jnp.float32)
+  return weight.astype(jnp.float32)
+
+
+@dataclasses.dataclass(frozen=True)
+class FinetuneTask(Task):
+  """A head on the encoder, trained on encoded `TaskData`; one loss term (`loss_sum` /
+  `loss_count`). Subclasses define `model`, `input_names`, `outputs`, `_terms`, `_weights`,
+  `labels_from`, `encode`, `predictions`, `score`, `main_metric`."""
+  model_config: BertConfig
+  settings: FinetuneSettings
+
+  loss_terms = (("loss_sum", "loss_count"),)
+  input_names: ClassVar[tuple[str, ...]] = ("input_ids", "token_type_ids", "attention_mask")
+  # Per-example fields of a train batch besides the inputs: name -> (shape, dtype), with L for
+  # the sequence length.
+  target_signature: ClassVar[dict[str, tuple[tuple[str | int, ...], Any]]] = {}
+
+  @property
+  def frozen(self) -> tuple[str, ...]:
+    return (ENCODER,) if self.settings.freeze_encoder else ()
+
+  @property
+  def num_outputs(self) -> int:
+    return 1 if self.settings.regression else len(self.settings.labels)
+
+  def example_inputs(self) -> tuple:
+    ids = jnp.zeros((1, self.settings.max_seq_length), jnp.int32)
+    return (ids,) * len(self.input_names)
+
+  def batch_signature(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+    length = self.settings.max_seq_length
+    signature = {name: ((length,), jnp.int32) for name in self.input_names}
+    for name, (shape, dtype) in self.target_signature.items():
+      signature[name] = (tuple(length if d == "L" else d for d in shape), dtype)
+    return signature
+
+  def apply(self, params, batch: Batch, dropout_rng: jax.Array | None):
+    """The model's raw outputs on a batch (dropout on when `dropout_rng` is given)."""
+    rngs = None if dropout_rng is None else {"dropout": dropout_rng}
+    inputs = tuple(batch[name] for name in self.input_names)
+    return self.model.apply({"params": params}, *inputs, deterministic=dropout_rng is None,
+                            rngs=rngs)
+
+  def outputs(self, raw) -> dict[str, jax.Array]:
+    """Raw model outputs -> named per-row outputs."""
+    return {"logits": raw}
+
+  def _terms(self, raw, batch: Batch) -> jax.Array:
+    """Per-item loss terms, [B] or [B, L] f32."""
+    raise NotImplementedError
+
+  def _weights(self, batch: Batch) -> jax.Array:
+    """Per-item weights from the batch alone, shaped as `_terms`; 1 per example by default."""
+    return jnp.ones(batch["input_ids"].shape[:1], jnp.float32)
+
+  def _sums(self, raw, batch: Batch) -> dict[str, jax.Array]:
+    weights = self._weights(batch)
+    weight = example_weight(batch)  # Padding rows of eval batches weigh 0.
+    weights = weights * (weight if weights.ndim == 1 else weight[:, None])
+    return {"loss_sum": jnp.sum(self._terms(raw, batch) * weights),
+            "loss_count": jnp.sum(weights)}
+
+  def loss_counts(self, batch: Batch) -> dict[str, jax.Array]:
+    return {"loss_count": jnp.sum(self._weights(batch))}
+
+  def loss_sums(self, params, batch: Batch, dropout_rng: jax.Array | None) -> dict[str, jax.Array]:
+    return self._sums(self.apply(params, batch, dropout_rng), batch)
+
+  def eval_outputs(self, params, batch: Batch) -> tuple[dict, dict]:
+    raw = self.apply(params, batch, None)
+    return self.outputs(raw), self._sums(raw, batch)
+
+  def report(self, sums: dict[str, float]) -> dict[str, float]:
+    del sums
+    return {}
+
+  def scores(self, outputs: dict[str, np.ndarray], sums: dict[str, float],
+             data: TaskData) -> dict[str, float]:
+    predicted = self.predictions(outputs, data)
+    return {"loss": sums["loss_sum"] / max(sums["loss_count"], 1.0),
+            **self.score(predicted, data), "examples": len(data.examples)}
+
+  def initial_params(self, pretrained: dict) -> dict:
+    return {ENCODER: pretrained[ENCODER]}
+
+  def meta(self) -> dict[str, Any]:
+    return {"name": self.name, **dataclasses.asdict(self.settings)}
+
+  def describe(self, split: str, data: TaskData) -> str:
+    """A log line on what encoding a split gave."""
+    return (f"{split}: {len(data)} examples from {data.source}; {data.num_truncated} longer "
+            f"than max_seq_length={self.settings.max_seq_length} were truncated")
+
+  # ------------------------------------------------------------ task specific
+  @classmethod
+  def labels_from(cls, records: Sequence[Record], configured: Sequence[Any],
+                  regression: bool) -> list[str]:
+    """The label names from the training records (or the configured ones)."""
+    raise NotImplementedError
+
+  def encode(self, records: Sequence[Record], vocab: Vocab, with_labels: bool = True,
+             is_training: bool = False) -> TaskData:
+    raise NotImplementedError
+
+  def predictions(self, outputs: dict[str, np.ndarray], data: TaskData) -> list[dict[str, Any]]:
+    raise NotImplementedError
+
+  def score(self, predicted: list[dict[str, Any]], data: TaskData) -> dict[str, float]:
+    raise NotImplementedError
+
+  def main_metric(self) -> str:
+    raise NotImplementedError

@@ -1,0 +1,348 @@
+"""Extractive question answering (SQuAD v1.1 layout), as google-research/bert's run_squad.py.
+
+Records: `text` (the question), `text_b` (the passage) and `answers`, a list of {"text",
+"answer_start"} with character offsets into the passage. A passage is never truncated: it
+becomes one or more windows ("features", one model row each) of [CLS] question [SEP]
+passage-window [SEP], stepping by `doc_stride` pieces (`doc_spans`). A window that does not hold
+the whole answer is trained to point at [CLS]. Decoding (`write_predictions`): the best start <=
+end by start + end logit over all windows of a question, inside a window's passage, at most
+`max_answer_length` pieces, the start only in the window where that piece has its maximum
+context (`max_context_windows`); mapped back to passage characters. SQuAD's exact match and F1
+are scored once per question.
+
+Offsets: the passage is split on whitespace and each word encoded on its own, so every piece
+maps back to characters of the passage (`finetune_data.piece_spans`).
+"""
+
+import collections
+import dataclasses
+import re
+import string
+from typing import Any, Sequence
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax import finetune_data
+from bert_jax.data.vocab import Vocab
+from bert_jax.finetune_data import Record, TaskData, Window
+from bert_jax.model import BertConfig, BertModel
+from bert_jax.tasks.finetuning import FinetuneTask, head_dense, nll
+
+# Masked QA logits: finite, so an all-masked row still has a (uniform) softmax.
+_MASKED_LOGIT = -1e9
+
+
+class BertForQuestionAnswering(nn.Module):
+  """[CLS] question [SEP] passage-window [SEP] -> (start_logits, end_logits), each [B, L] f32,
+  with every position outside `context_mask` (1 on passage tokens) masked out except position
+  0, [CLS]: the target of windows that do not hold the answer (run_squad's out-of-span rule)."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, input_ids, token_type_ids, attention_mask, context_mask,
+               deterministic: bool = True):
+    sequence, _ = BertModel(self.config, add_pooling_layer=False, name="bert")(
+        input_ids, token_type_ids, attention_mask, deterministic)  # [B, L, H]
+    logits = head_dense(self.config, 2, "qa_outputs")(sequence).astype(jnp.float32)  # [B, L, 2]
+    logits = mask_qa_logits(logits, context_mask)
+    return logits[..., 0], logits[..., 1]
+
+
+def mask_qa_logits(logits: jax.Array, context_mask: jax.Array) -> jax.Array:
+  """logits [B, L, 2] -> the same with every position but the passage (`context_mask` [B, L])
+  and [CLS] (position 0) set to a large negative value. Question, [SEP] and padding stay masked
+  (run_squad leaves them in its softmax, but they are never targets nor answers); [CLS] must
+  compete, or "the answer is not in this window" could not be learnt."""
+  is_cls = jnp.arange(context_mask.shape[-1]) == 0  # [L]
+  allowed = (context_mask > 0) | is_cls[None, :]  # [B, L]
+  return jnp.where(allowed[..., None], logits, _MASKED_LOGIT)
+
+
+# ------------------------------------------------------------------------------ windows
+
+
+def doc_spans(num_pieces: int, max_tokens_for_doc: int,
+              doc_stride: int) -> list[tuple[int, int]]:
+  """(start, length) of each window over a passage of `num_pieces` pieces, as run_squad's
+  `convert_examples_to_features`: at most `max_tokens_for_doc` pieces each, the next one starting
+  min(length, doc_stride) pieces later, stopping at the first that reaches the end of the passage.
+  An empty passage still gets one (empty) window, so every question has a row to predict from."""
+  if doc_stride <= 0 or max_tokens_for_doc <= 0:
+    raise ValueError(f"doc_stride={doc_stride} and the room for the passage "
+                     f"({max_tokens_for_doc} pieces) must be positive")
+  spans, start = [], 0
+  while start < num_pieces:
+    length = min(num_pieces - start, max_tokens_for_doc)
+    spans.append((start, length))
+    if start + length == num_pieces:
+      break
+    start += min(length, doc_stride)
+  return spans or [(0, 0)]
+
+
+def max_context_windows(spans: Sequence[tuple[int, int]], num_pieces: int) -> np.ndarray:
+  """[num_pieces] int: the window in which each passage piece has its maximum context, as
+  run_squad's `_check_is_max_context`: score min(pieces left of it, pieces right of it in the
+  window) + 0.01 * window length; on a tie the earlier window wins (its comparison is strict)."""
+  best = np.full((num_pieces,), -1, np.int64)
+  best_score = np.full((num_pieces,), -np.inf)
+  for index, (start, length) in enumerate(spans):
+    positions = np.arange(start, start + length)
+    score = np.minimum(positions - start, start + length - 1 - positions) + 0.01 * length
+    better = score > best_score[positions]
+    best[positions[better]] = index
+    best_score[positions[better]] = score[better]
+  return best
+
+
+def _answer_pieces(record: Record, context: str, spans: Sequence[tuple[int, int]],
+                   answers: list) -> tuple[int, int] | None:
+  """Checks the answers; -> (first, last) passage piece of the first one, None if it covers
+  no piece (an empty or blank answer: run_squad skips such training examples)."""
+  for answer in answers:
+    if not isinstance(answer, dict) or not isinstance(answer.get("text"), str) or \
+        not isinstance(answer.get("answer_start"), int):
+      raise ValueError(f"{finetune_data.where(record)}: each answer needs 'text' (str) and "
+                       "'answer_start' (int)")
+    start, text = answer["answer_start"], answer["text"]
+    if context[start:start + len(text)] != text:
+      raise ValueError(f"{finetune_data.where(record)}: answer {text!r} is not at character "
+                       f"{start} of text_b")
+  if not answers:
+    return None
+  start = answers[0]["answer_start"]
+  end = start + len(answers[0]["text"])
+  inside = [i for i, (a, b) in enumerate(spans) if a < end and b > start]
+  return (inside[0], inside[-1]) if inside else None
+
+
+def _passage_pieces(vocab: Vocab, context: str) -> tuple[list[int], list[tuple[int, int]]]:
+  """-> (piece ids of the passage, character span of each piece in the passage)."""
+  words = [(m.start(), m.group()) for m in re.finditer(r"\S+", context)]
+  word_ids = vocab.encode_batch([w for _, w in words]) if words else []
+  ids, spans = [], []
+  for (start, word), pieces in zip(words, word_ids):
+    ids.extend(pieces)
+    spans.extend((start + a, start + b) for a, b in finetune_data.piece_spans(vocab, word, pieces))
+  return ids, spans
+
+
+@dataclasses.dataclass
+class _Rows:
+  """Model rows of the windows, filled question by question."""
+  columns: dict[str, list] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
+  windows: list[Window] = dataclasses.field(default_factory=list)
+
+
+# ------------------------------------------------------------------------------ decoding
+
+
+def best_span(start_logits: np.ndarray, end_logits: np.ndarray, context_mask: np.ndarray,
+              max_answer_length: int,
+              max_context: np.ndarray | None = None) -> tuple[int, int, float]:
+  """[L] logits and passage mask -> (start, end, score) maximising start + end logits over
+  passage positions with start <= end < start + max_answer_length and, when `max_context` [L]
+  is given, a start where it is set; (-1, -1, -inf) if none. Exhaustive over the valid spans:
+  run_squad tries only the n_best_size (20) highest starts x ends, which gives the same span
+  whenever the best valid one is among them (and no answer when none of them is valid)."""
+  length = len(start_logits)
+  ends = np.arange(length)[:, None] + np.arange(max_answer_length)[None, :]  # [L, A]
+  inside = ends < length
+  ends = np.minimum(ends, length - 1)
+  starts_ok = context_mask > 0
+  if max_context is not None:
+    starts_ok = starts_ok & (max_context > 0)
+  allowed = inside & starts_ok[:, None] & (context_mask[ends] > 0)  # [L, A]
+  if not allowed.any():
+    return -1, -1, float("-inf")
+  scores = start_logits.astype(np.float64)[:, None] + end_logits.astype(np.float64)[ends]
+  scores = np.where(allowed, scores, -np.inf)
+  # Row-major argmax: ties go to the earliest start, then the shortest span.
+  start, extra = np.unravel_index(int(np.argmax(scores)), scores.shape)
+  return int(start), int(start + extra), float(scores[start, extra])
+
+
+def normalize_answer(text: str) -> str:
+  """SQuAD's normalisation: lowercase, no punctuation, no articles, single spaces."""
+  text = "".join(c for c in text.lower() if c not in set(string.punctuation))
+  text = re.sub(r"\b(a|an|the)\b", " ", text)
+  return " ".join(text.split())
+
+
+def _token_f1(prediction: str, truth: str) -> float:
+  predicted, gold = normalize_answer(prediction).split(), normalize_answer(truth).split()
+  common = sum((collections.Counter(predicted) & collections.Counter(gold)).values())
+  if common == 0:
+    return 0.0
+  precision, recall = common / len(predicted), common / len(gold)
+  return 2 * precision * recall / (precision + recall)
+
+
+def squad_scores(predicted: Sequence[str], answers: Sequence[Sequence[str]]) -> dict[str, float]:
+  """exact_match and f1 in [0, 1]: each the max over the gold answers, averaged (SQuAD v1.1)."""
+  em, f1 = [], []
+  for prediction, truths in zip(predicted, answers):
+    truths = list(truths) or [""]
+    em.append(max(float(normalize_answer(prediction) == normalize_answer(t)) for t in truths))
+    f1.append(max(_token_f1(prediction, t) for t in truths))
+  return {"exact_match": float(np.mean(em)) if em else 0.0,
+          "f1": float(np.mean(f1)) if f1 else 0.0}
+
+
+# --------------------------------------------------------------------------------- task
+
+
+@dataclasses.dataclass(frozen=True)
+class QATask(FinetuneTask):
+  """Start/end logits over passage windows; one answer per question."""
+
+  name = "qa"
+  input_names = ("input_ids", "token_type_ids", "attention_mask", "context_mask")
+  target_signature = {"start_positions": ((), jnp.int32), "end_positions": ((), jnp.int32),
+                      "answer_weight": ((), jnp.float32)}
+
+  @property
+  def model(self) -> BertForQuestionAnswering:
+    return BertForQuestionAnswering(self.model_config)
+
+  def outputs(self, raw) -> dict[str, jax.Array]:
+    return {"start_logits": raw[0], "end_logits": raw[1]}
+
+  def _terms(self, raw, batch) -> jax.Array:
+    start_logits, end_logits = raw
+    return 0.5 * (nll(start_logits, batch["start_positions"])
+                  + nll(end_logits, batch["end_positions"]))  # [B]
+
+  def _weights(self, batch) -> jax.Array:
+    return batch["answer_weight"].astype(jnp.float32)  # [B]; 0: no gold answer.
+
+  @classmethod
+  def labels_from(cls, records: Sequence[Record], configured: Sequence[Any],
+                  regression: bool) -> list[str]:
+    del records, configured, regression
+    return []
+
+  def encode(self, records: Sequence[Record], vocab: Vocab, with_labels: bool = True,
+             is_training: bool = False) -> TaskData:
+    """Every question's windows as rows (see the module docstring); a training question whose
+    answer covers no piece is left out (counted in num_dropped), as run_squad skips it."""
+    rows, examples, truncated, dropped, split = _Rows(), [], 0, 0, 0
+    for record in records:
+      question, context = finetune_data.field(record, "text"), finetune_data.field(record, "text_b")
+      question_ids = vocab.encode(question)
+      truncated += len(question_ids) > self.settings.max_query_length
+      question_ids = question_ids[:self.settings.max_query_length]
+      context_ids, spans = _passage_pieces(vocab, context)
+      answer, gold = None, []
+      if with_labels:
+        answers = finetune_data.field(record, "answers", list)
+        if is_training and not answers:
+          raise ValueError(f"{finetune_data.where(record)}: a training example needs an answer")
+        answer, gold = _answer_pieces(record, context, spans, answers), [a["text"] for a in answers]
+        if is_training and answer is None:
+          dropped += 1  # Nothing to point at (run_squad skips it too).
+          continue
+      examples.append({"line": record[1], "context": context, "answers": gold,
+                       "piece_spans": np.asarray(spans, np.int32).reshape(-1, 2)})  # [P, 2]
+      split += self._add_windows(rows, record, len(examples) - 1, vocab, question_ids,
+                                 context_ids, answer if with_labels else False) > 1
+    if not examples:
+      raise ValueError(f"{records[0][0]}: no usable QA examples (every answer is blank)")
+    arrays = {name: np.stack(value) if name in self.input_names else
+              np.asarray(value, np.float32 if name == "answer_weight" else np.int32)
+              for name, value in rows.columns.items()}
+    return TaskData(records[0][0], arrays, examples, truncated, dropped, rows.windows, split)
+
+  def _add_windows(self, rows: _Rows, record: Record, example: int, vocab: Vocab,
+                   question_ids: list[int], context_ids: list[int],
+                   answer: tuple[int, int] | None | bool) -> int:
+    """Appends the rows of one question's windows; `answer` False: no targets (prediction).
+    -> the number of windows."""
+    length = self.settings.max_seq_length
+    max_tokens_for_doc = length - len(question_ids) - 3  # [CLS], [SEP], [SEP].
+    if max_tokens_for_doc <= 0:
+      raise ValueError(f"{finetune_data.where(record)}: max_seq_length={length} leaves no room "
+                       f"for the passage after a {len(question_ids)}-piece question")
+    spans = doc_spans(len(context_ids), max_tokens_for_doc, self.settings.doc_stride)
+    best_window = max_context_windows(spans, len(context_ids))  # [P]
+    offset = len(question_ids) + 2
+    for window_index, (doc_start, doc_length) in enumerate(spans):
+      ids = [vocab.cls_id, *question_ids, vocab.sep_id,
+             *context_ids[doc_start:doc_start + doc_length], vocab.sep_id]
+      row = {name: np.zeros((length,), np.int32) for name in self.input_names}
+      row["input_ids"][:] = ids + [vocab.pad_id] * (length - len(ids))
+      row["token_type_ids"][offset:len(ids)] = 1
+      row["attention_mask"][:len(ids)] = 1
+      row["context_mask"][offset:offset + doc_length] = 1
+      for name, value in row.items():
+        rows.columns[name].append(value)
+      rows.windows.append(Window(example, doc_start, doc_length, offset,
+                                 best_window[doc_start:doc_start + doc_length] == window_index))
+      if answer is not False:
+        self._add_targets(rows, answer, doc_start, doc_length, offset)
+    return len(spans)
+
+  @staticmethod
+  def _add_targets(rows: _Rows, answer: tuple[int, int] | None, doc_start: int, doc_length: int,
+                   offset: int) -> None:
+    """run_squad's is_training targets: the answer's pieces when the window holds all of them,
+    else [CLS] (position 0; the head leaves it unmasked for this). Eval rows get the same
+    targets, so the validation loss measures what training minimises."""
+    inside = answer is not None and answer[0] >= doc_start and \
+        answer[1] < doc_start + doc_length
+    rows.columns["start_positions"].append(offset + answer[0] - doc_start if inside else 0)
+    rows.columns["end_positions"].append(offset + answer[1] - doc_start if inside else 0)
+    # 0: no gold answer to point at (an unanswered eval record).
+    rows.columns["answer_weight"].append(0.0 if answer is None else 1.0)
+
+  def predictions(self, outputs: dict[str, np.ndarray], data: TaskData) -> list[dict[str, Any]]:
+    """One {"answer", "start", "end", "score"} per question of `data` (start, end: characters
+    of its passage; "" and -1 when no window has a valid span), over all of its windows: each
+    window's best valid span (`best_span`, starts where the piece has its maximum context),
+    the best of them by score (an earlier window wins a tie)."""
+    best: list[tuple[float, int, int] | None] = [None] * len(data.examples)  # Score, pieces.
+    context_mask = data.arrays["context_mask"]  # [N, L]
+    for row, window in enumerate(data.windows):
+      max_context = np.zeros(context_mask.shape[1], bool)  # [L]
+      max_context[window.offset:window.offset + window.doc_length] = window.max_context
+      start, end, score = best_span(outputs["start_logits"][row], outputs["end_logits"][row],
+                                    context_mask[row], self.settings.max_answer_length,
+                                    max_context)
+      current = best[window.example]
+      if start >= 0 and (current is None or score > current[0]):
+        # Row positions -> passage pieces of the question.
+        best[window.example] = (score, window.doc_start + start - window.offset,
+                                window.doc_start + end - window.offset)
+    return [self._answer(example, found) for example, found in zip(data.examples, best)]
+
+  @staticmethod
+  def _answer(example: dict[str, Any], found: tuple[float, int, int] | None) -> dict[str, Any]:
+    if found is None:
+      return {"answer": "", "start": -1, "end": -1, "score": float("-inf")}
+    score, first, last = found
+    char_start = int(example["piece_spans"][first][0])
+    char_end = int(example["piece_spans"][last][1])
+    return {"answer": example["context"][char_start:char_end], "start": char_start,
+            "end": char_end, "score": score}
+
+  def score(self, predicted: list[dict[str, Any]], data: TaskData) -> dict[str, float]:
+    return squad_scores([p["answer"] for p in predicted], [e["answers"] for e in data.examples])
+
+  def scores(self, outputs, sums, data: TaskData) -> dict[str, float]:
+    return {**super().scores(outputs, sums, data), "windows": len(data)}
+
+  def main_metric(self) -> str:
+    return "f1"
+
+  def describe(self, split: str, data: TaskData) -> str:
+    line = (f"{split}: {len(data.examples)} questions from {data.source} in {len(data)} windows "
+            f"of max_seq_length={self.settings.max_seq_length} (doc_stride "
+            f"{self.settings.doc_stride}); {data.num_split} passages took several windows; "
+            f"{data.num_truncated} questions cut to "
+            f"max_query_length={self.settings.max_query_length}")
+    if data.num_dropped:
+      line += f"; {data.num_dropped} examples dropped: their answer covers no piece"
+    return line

@@ -1,0 +1,75 @@
+"""Pretrained BERT weights in and out, one module per format:
+- `bert_jax_dir`: bert_jax's own pretrained directory (`save_pretrained`);
+- `training`: the checkpoints of bert_jax's pretraining and fine-tuning runs;
+- `hf`: HuggingFace directories (`load_hf`, `save_hf`);
+- `tf`: google-research/bert TF1 checkpoints (`load_tf`, over the `tf_bundle` reader);
+- `params`: the params-tree checks they share (`check_params`, `heads_present`, ...).
+
+`load_pretrained(path)` reads any of them, telling which by `detect_format` (the only place that
+guesses a format), and returns float32 numpy params with a float32 `BertConfig`
+(`dataclasses.replace(config, dtype="bfloat16")` for bf16 compute). Heads that are missing are
+named in a warning; `heads_present(params)` tells, and `fill_missing_heads` takes them from
+freshly initialised params when the caller decides to.
+"""
+
+import os
+
+from bert_jax import checkpointing
+from bert_jax.data.vocab import Vocab
+from bert_jax.model import BertConfig
+from bert_jax.weights import bert_jax_dir, hf, tf_bundle, training
+from bert_jax.weights.bert_jax_dir import FORMAT_FILE, save_pretrained
+from bert_jax.weights.hf import hf_architecture, load_hf, save_hf
+from bert_jax.weights.params import (HEADS, check_params, fill_missing_heads, heads_present,
+                                     warn_missing_heads)
+from bert_jax.weights.tf import load_tf
+
+__all__ = ["FORMAT_FILE", "HEADS", "check_params", "detect_format", "fill_missing_heads",
+           "heads_present", "hf_architecture", "load_hf", "load_pretrained", "load_tf",
+           "save_hf", "save_pretrained"]
+
+
+def _is_tf_checkpoint(path: str) -> bool:
+  """A bundle prefix, its `.index` file, or a directory holding an `.index` file."""
+  suffix = tf_bundle.INDEX_SUFFIX
+  return (os.path.isfile(path + suffix) or (path.endswith(suffix) and os.path.isfile(path))
+          or (os.path.isdir(path) and any(n.endswith(suffix) for n in os.listdir(path))))
+
+
+def detect_format(path: str) -> str:
+  """"bert_jax", "training", "huggingface" or "tensorflow" for `path`, or a ValueError."""
+  if os.path.isdir(path):
+    if os.path.isfile(os.path.join(path, bert_jax_dir.FORMAT_FILE)):
+      return "bert_jax"
+    if any(os.path.isfile(os.path.join(path, n)) for n in (hf.CONFIG_FILE, *hf.WEIGHTS_FILES)):
+      return "huggingface"  # (load_hf names a missing config.json.)
+    if checkpointing.find_step_dir(path) is not None:
+      return "training"
+    if any(os.path.isdir(os.path.join(path, d))
+           for d in (checkpointing.CHECKPOINTS_DIR, checkpointing.BEST_DIR)):
+      raise ValueError(f"{path}: a training workdir without a complete checkpoint yet")
+  if _is_tf_checkpoint(path):
+    return "tensorflow"
+  raise ValueError(
+      f"{path}: not a pretrained BERT that bert_jax recognises. Expected a bert_jax pretrained "
+      f"directory ({bert_jax_dir.FORMAT_FILE}), a training or fine-tuning workdir "
+      f"({checkpointing.CHECKPOINTS_DIR}/<step>/ or {checkpointing.BEST_DIR}/<step>/), a "
+      f"HuggingFace directory ({hf.CONFIG_FILE} + weights) or a TensorFlow checkpoint prefix "
+      f"(<prefix>{tf_bundle.INDEX_SUFFIX})")
+
+
+_LOADERS = {"bert_jax": bert_jax_dir.load, "training": training.load, "huggingface": load_hf,
+            "tensorflow": load_tf}
+
+
+def load_pretrained(path: str) -> tuple[BertConfig, dict, Vocab | None]:
+  """(config, float32 numpy params, vocab or None) from a bert_jax pretrained directory, a
+  training or fine-tuning workdir (its checkpoint's params: the BertForPreTraining parts, no
+  optimizer state, no task head), a HuggingFace directory or a google-research/bert TF
+  checkpoint. Missing heads are absent from the params and named in a warning."""
+  path = os.path.abspath(path)
+  if not os.path.exists(path) and not os.path.exists(path + tf_bundle.INDEX_SUFFIX):
+    raise ValueError(f"{path} does not exist")
+  config, params, vocab = _LOADERS[detect_format(path)](path)
+  warn_missing_heads(params, path)
+  return config, params, vocab

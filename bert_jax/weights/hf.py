@@ -1,0 +1,223 @@
+"""HuggingFace BERT directories in and out.
+
+Import (`load_hf`): `config.json`, weights from `model.safetensors` or `pytorch_model.bin` (either
+also sharded behind an `.index.json`), the vocabulary from `tokenizer.json` or `vocab.txt`.
+BertModel, BertForMaskedLM and BertForPreTraining checkpoints load; heads they lack stay absent.
+Export (`save_hf`): `config.json`, `model.safetensors` with BertForPreTraining names, and the
+vocabulary, readable by `transformers`' `from_pretrained`. Parameter names and layouts come from
+`bert_jax.convert`'s one table.
+"""
+
+import logging
+import os
+import shutil
+import tempfile
+import warnings
+from typing import Mapping
+
+import numpy as np
+import safetensors
+import safetensors.numpy
+
+from bert_jax import convert
+from bert_jax.data.vocab import Vocab
+from bert_jax.model import BertConfig
+from bert_jax.weights import files
+from bert_jax.weights import params as params_lib
+
+logger = logging.getLogger(__name__)
+
+CONFIG_FILE = "config.json"
+WEIGHTS_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                 "pytorch_model.bin.index.json")  # In order of preference.
+VOCAB_FILES = ("tokenizer.json", "vocab.txt")  # tokenizer.json first, as BertTokenizerFast.
+# Parameter name prefixes of the optional heads in a BertForPreTraining state dict.
+_HEAD_PREFIXES = {"pooler": "bert.pooler.", "mlm": "cls.predictions.",
+                  "nsp": "cls.seq_relationship."}
+# Tied to the word embeddings and the MLM bias: transformers' own save_pretrained omits them.
+_TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+
+
+# ---------------------------------------------------------------------------------- import
+
+
+def read_vocab(directory: str, lowercase: bool | None = None) -> Vocab:
+  """tokenizer.json or vocab.txt of a HF directory; casing from tokenizer_config.json unless
+  `lowercase` is given."""
+  if lowercase is None:
+    tokenizer_config = os.path.join(directory, "tokenizer_config.json")
+    if os.path.isfile(tokenizer_config):
+      lowercase = files.read_json(tokenizer_config).get("do_lower_case")
+  for name in VOCAB_FILES:
+    if os.path.isfile(os.path.join(directory, name)):
+      return Vocab.load(os.path.join(directory, name), lowercase)
+  raise ValueError(f"{directory}: no vocabulary (expected {' or '.join(VOCAB_FILES)})")
+
+
+def _load_safetensors(path: str) -> dict[str, np.ndarray]:
+  try:
+    try:
+      return safetensors.numpy.load_file(path)
+    except TypeError:  # bfloat16, which numpy lacks: read through jax (ml_dtypes) instead.
+      with safetensors.safe_open(path, framework="flax") as f:
+        return {k: np.asarray(f.get_tensor(k), dtype=np.float32) for k in f.keys()}
+  except Exception as e:  # safetensors' SafetensorError is not importable to catch by name.
+    raise ValueError(f"{path} is not a readable safetensors file ({e}); is it truncated or "
+                     "corrupted?") from e
+
+
+def _load_torch_bin(path: str) -> dict[str, np.ndarray]:
+  try:
+    import torch  # pylint: disable=import-outside-toplevel  (optional: only .bin files need it)
+  except ImportError as e:
+    raise ValueError(f"Reading {path} needs PyTorch (pip install torch), or convert the "
+                     "checkpoint to model.safetensors") from e
+  try:
+    # weights_only: never unpickle arbitrary objects from a downloaded file.
+    state = torch.load(path, map_location="cpu", weights_only=True)
+  except Exception as e:  # Corrupt zip, unpickling errors, refused globals...
+    raise ValueError(f"{path} is not a readable PyTorch state dict ({type(e).__name__}: "
+                     f"{e})") from e
+  if not isinstance(state, Mapping):
+    raise ValueError(f"{path} holds a {type(state).__name__}, not a state dict")
+  return {k: v.detach().float().numpy() if str(v.dtype) == "torch.bfloat16"
+          else v.detach().numpy() for k, v in state.items()}
+
+
+def read_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
+  """(state dict as numpy, file it came from) of a HF directory: model.safetensors, else
+  pytorch_model.bin (each also sharded with an .index.json)."""
+  for name in WEIGHTS_FILES:
+    path = os.path.join(directory, name)
+    if not os.path.isfile(path):
+      continue
+    load = _load_safetensors if ".safetensors" in name else _load_torch_bin
+    if not name.endswith(".index.json"):
+      return load(path), path
+    state = {}
+    for file in sorted(set(files.read_json(path).get("weight_map", {}).values())):
+      if not os.path.isfile(os.path.join(directory, file)):
+        raise ValueError(f"{path} names {file}, which does not exist")
+      state.update(load(os.path.join(directory, file)))
+    return state, path
+  raise ValueError(f"{directory}: no weights (expected one of {', '.join(WEIGHTS_FILES)})")
+
+
+def params_from_state(state: Mapping[str, np.ndarray], config: BertConfig, source: str) -> dict:
+  """Checked float32 params of a state dict with HuggingFace BertForPreTraining (or BertModel)
+  names; errors start with `source`."""
+  with warnings.catch_warnings():
+    warnings.simplefilter("ignore")  # Missing heads: reported once, by load_pretrained.
+    try:
+      params = convert.params_from_hf(state, config)
+    except ValueError as e:
+      raise ValueError(f"{source}: {e}") from e
+  return params_lib.check_params(params, config, source)
+
+
+def load_hf(directory: str, lowercase: bool | None = None) -> tuple[BertConfig, dict, Vocab]:
+  """A HuggingFace BERT directory (config.json, weights, vocab.txt or tokenizer.json) ->
+  (config, float32 params, vocab). BertModel, BertForMaskedLM and BertForPreTraining work;
+  heads they lack are absent from the params (see `heads_present`)."""
+  directory = os.path.abspath(directory)
+  if not os.path.isdir(directory):
+    raise ValueError(f"HuggingFace directory {directory} does not exist")
+  config_file = os.path.join(directory, CONFIG_FILE)
+  if not os.path.isfile(config_file):
+    raise ValueError(f"{directory}: no {CONFIG_FILE} (a HuggingFace BERT directory holds "
+                     f"{CONFIG_FILE}, model.safetensors or pytorch_model.bin, and "
+                     f"{' or '.join(VOCAB_FILES)})")
+  config = params_lib.config_from_dict(files.read_json(config_file), config_file)
+  vocab = read_vocab(directory, lowercase)
+  state, weights_file = read_weights(directory)
+  params = params_from_state(state, config, f"{weights_file} (with {config_file})")
+  params_lib.check_vocab_fits(vocab, config, directory)
+  return config, params, vocab
+
+
+# ---------------------------------------------------------------------------------- export
+
+
+def hf_architecture(heads: Mapping[str, bool]) -> str:
+  """The transformers class whose parameters are exactly these (for config.json)."""
+  if heads["mlm"] and heads["nsp"]:
+    return "BertForPreTraining"
+  if heads["mlm"]:
+    return "BertForMaskedLM"
+  if heads["nsp"]:
+    return "BertForNextSentencePrediction"
+  return "BertModel"
+
+
+def _state_to_save(params: Mapping, config: BertConfig,
+                   heads: Mapping[str, bool]) -> dict[str, np.ndarray]:
+  """The HF state dict of checked `params`: absent heads and tied keys left out."""
+  # Absent heads are filled with zeros only to reuse convert's one table, then dropped again.
+  expected = convert._expected_shapes(config)  # pylint: disable=protected-access
+  flat = params_lib.flatten(params)
+  filled = params_lib.unflatten(
+      {p: flat.get(p, np.zeros(s, np.float32)) for p, s in expected.items()})
+  absent = tuple(_HEAD_PREFIXES[h] for h, present in heads.items() if not present)
+  return {k: np.ascontiguousarray(v) for k, v in convert.params_to_hf(filled, config).items()
+          if k not in _TIED_KEYS and not k.startswith(absent)}
+
+
+def _hf_config(config: BertConfig, architecture: str, vocab: Vocab | None) -> dict:
+  return {
+      "architectures": [architecture],
+      "model_type": "bert",
+      **params_lib.config_dict(config),
+      "position_embedding_type": "absolute",
+      "pad_token_id": vocab.pad_id if vocab is not None else 0,
+      "tie_word_embeddings": True,
+      "dtype": "float32",
+  }
+
+
+def save_hf(output_dir: str, params: Mapping, config: BertConfig, vocab: Vocab | None,
+            overwrite: bool = False) -> str:
+  """Writes a HuggingFace directory: config.json, model.safetensors (BertForPreTraining names,
+  tied decoder keys omitted as transformers' own save_pretrained does) and the vocabulary
+  (vocab.txt + tokenizer_config.json for WordPiece; a sentencepiece model is copied as-is).
+  Returns the transformers architecture written (heads decide it, see `hf_architecture`)."""
+  params = params_lib.check_params(params, config, "params to export")
+  heads = params_lib.heads_present(params)
+  state = _state_to_save(params, config, heads)
+  output_dir = files.fresh_output_dir(os.fspath(output_dir), overwrite)
+  architecture = hf_architecture(heads)
+  files.write_json(os.path.join(output_dir, CONFIG_FILE), _hf_config(config, architecture, vocab))
+  safetensors.numpy.save_file(state, os.path.join(output_dir, "model.safetensors"),
+                              metadata={"format": "pt"})
+  if vocab is not None:
+    _save_vocab(output_dir, vocab, config)
+  if not heads["pooler"] and architecture != "BertForMaskedLM":
+    logger.warning("%s: the params have no pooler; transformers will initialise it randomly",
+                   output_dir)
+  if heads["pooler"] and architecture == "BertForMaskedLM":
+    logger.info("%s: BertForMaskedLM does not use the pooler written with it", output_dir)
+  return architecture
+
+
+def _copy_saved_vocab_file(vocab: Vocab, name: str, output_dir: str) -> None:
+  """Copies the file `name` that `Vocab.save` writes (the vocabulary's own model file)."""
+  with tempfile.TemporaryDirectory() as tmp:
+    vocab.save(tmp)
+    shutil.copyfile(os.path.join(tmp, name), os.path.join(output_dir, name))
+
+
+def _save_vocab(output_dir: str, vocab: Vocab, config: BertConfig) -> None:
+  if vocab.kind == "sentencepiece":
+    _copy_saved_vocab_file(vocab, "sentencepiece.model", output_dir)
+    logger.warning("%s: the vocabulary is a sentencepiece model (copied as sentencepiece.model);"
+                   " HuggingFace's BertTokenizer cannot read it, tokenize with "
+                   "sentencepiece or bert_jax.data.vocab.Vocab", output_dir)
+    return
+  with open(os.path.join(output_dir, "vocab.txt"), "w", encoding="utf-8") as f:
+    f.write("".join(vocab.id_to_piece(i) + "\n" for i in range(vocab.size)))
+  if vocab.path.endswith(".json"):  # Keep the exact tokenizer (normaliser settings) too.
+    _copy_saved_vocab_file(vocab, "tokenizer.json", output_dir)
+  tokenizer_config = {"tokenizer_class": "BertTokenizer",
+                      "model_max_length": config.max_position_embeddings}
+  if vocab.lowercase is not None:
+    tokenizer_config["do_lower_case"] = bool(vocab.lowercase)
+  files.write_json(os.path.join(output_dir, "tokenizer_config.json"), tokenizer_config)

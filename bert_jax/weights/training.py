@@ -1,0 +1,44 @@
+"""Weights of bert_jax's own runs: a pretraining or fine-tuning workdir, its `checkpoints/` or
+`best/` directory, or one step directory, read through `bert_jax.checkpointing` (which owns the
+layout). Only the params are read, never the optimizer state.
+
+A fine-tuning run's params are a head model's (`{"bert": encoder, "classifier": ...}`): the
+`BertForPreTraining` parts it has are kept and the task head is left out, so a fine-tuned
+encoder loads, and exports to HuggingFace, like a pretrained one.
+"""
+
+import logging
+from typing import Mapping
+
+from bert_jax import checkpointing
+from bert_jax.data.vocab import Vocab
+from bert_jax.model import BertConfig
+from bert_jax.weights import params as params_lib
+
+logger = logging.getLogger(__name__)
+
+
+def _pretraining_parts(params: Mapping, source: str) -> dict:
+  """The `BertForPreTraining` subtrees of `params`; anything else is a fine-tuning head."""
+  dropped = sorted(set(params) - set(params_lib.PRETRAINING_SUBTREES))
+  if dropped:
+    logger.info("%s: left out the fine-tuning head %s (not part of BertForPreTraining)", source,
+                ", ".join(dropped))
+  return {k: v for k, v in params.items() if k in params_lib.PRETRAINING_SUBTREES}
+
+
+def load(path: str) -> tuple[BertConfig, dict, Vocab | None]:
+  """(float32 config, float32 numpy params, vocab or None) of the checkpoint `path` means (see
+  `checkpointing.find_step_dir`: a fine-tuning workdir's best export before its newest training
+  checkpoint)."""
+  step_dir = checkpointing.find_step_dir(path)
+  if step_dir is None:
+    raise ValueError(f"{path}: no complete bert_jax checkpoint (checkpoints/<step>/ or "
+                     "best/<step>/)")
+  meta = checkpointing.read_meta(step_dir)
+  if "model_config" not in meta:
+    raise ValueError(f"{step_dir}: its meta has no model_config")
+  config = params_lib.config_from_dict(meta["model_config"], f"{step_dir} meta model_config")
+  params = _pretraining_parts(checkpointing.restore_params(step_dir), step_dir)
+  params = params_lib.check_params(params, config, step_dir)
+  return config, params, checkpointing.read_vocab(step_dir)
