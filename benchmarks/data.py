@@ -31,7 +31,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 _WORK_DIR = flags.DEFINE_string("work_dir", "/tmp/bert_jax_bench_data", "Corpora and outputs.")
 _SIZES_MB = flags.DEFINE_list("sizes_mb", ["5", "20"], "Corpus sizes in MB.")
 _DUPE_FACTORS = flags.DEFINE_list("dupe_factors", ["1", "5"], "dupe_factor values to run.")
-_MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128, "Tokens per example.")
+_MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", 128, "Tokens per row.")
+_MAX_EXAMPLES_PER_ROW = flags.DEFINE_integer("max_examples_per_row", 4,
+                                             "K: NSP examples packed per row (1: unpacked).")
 _VOCAB_SIZE = flags.DEFINE_integer("vocab_size", 8192, "sentencepiece unigram vocabulary.")
 _NUM_WORKERS = flags.DEFINE_integer("num_workers", -1, "Preparation workers (-1: cores).")
 _COMPARE_TFDS_WRITER = flags.DEFINE_bool(
@@ -152,9 +154,11 @@ def _child_prepare() -> None:
   meta = prepare.prepare_dataset(
       _OUTPUT.value, lambda: corpus.iter_bert_format(_CORPUS.value), vocab,
       max_seq_length=_MAX_SEQ_LENGTH.value, dupe_factor=_DUPE.value, validation_fraction=0.01,
-      seed=0, num_workers=None if _NUM_WORKERS.value < 0 else _NUM_WORKERS.value)
+      seed=0, max_examples_per_row=_MAX_EXAMPLES_PER_ROW.value,
+      num_workers=None if _NUM_WORKERS.value < 0 else _NUM_WORKERS.value)
   seconds = time.time() - start
-  print(json.dumps({"seconds": seconds, "examples": sum(meta["num_examples"].values())}))
+  print(json.dumps({"seconds": seconds, "rows": sum(s["rows"] for s in meta["splits"].values()),
+                    "examples": sum(s["examples"] for s in meta["splits"].values())}))
 
 
 def _child_tfds() -> None:
@@ -166,16 +170,18 @@ def _child_tfds() -> None:
 
   vocab = vocab_lib.Vocab.load(_vocab_path())
   settings = ex.ExampleSettings(max_seq_length=_MAX_SEQ_LENGTH.value, dupe_factor=_DUPE.value,
-                                validation_fraction=0.01, seed=0)
+                                validation_fraction=0.01, seed=0,
+                                max_examples_per_row=_MAX_EXAMPLES_PER_ROW.value)
   builder = tfds_builder.BertPretraining(
-      max_seq_length=_MAX_SEQ_LENGTH.value, data_dir=_OUTPUT.value,
-      examples_fn=lambda split: ex.iter_examples(
+      max_seq_length=_MAX_SEQ_LENGTH.value, max_examples_per_row=settings.examples_per_row,
+      data_dir=_OUTPUT.value,
+      examples_fn=lambda split: ex.iter_rows(
           corpus.iter_bert_format(_CORPUS.value), vocab, settings, split))
   start = time.time()
   builder.download_and_prepare()
   seconds = time.time() - start
-  examples = sum(int(s.num_examples) for s in builder.info.splits.values())
-  print(json.dumps({"seconds": seconds, "examples": examples}))
+  rows = sum(int(s.num_examples) for s in builder.info.splits.values())  # TFDS: records.
+  print(json.dumps({"seconds": seconds, "rows": rows}))
 
 
 def _pipeline_throughput(dataset_dir: str, num_workers: int) -> dict:
@@ -195,7 +201,7 @@ def _pipeline_throughput(dataset_dir: str, num_workers: int) -> dict:
   return {"bench": "pipeline", "batch_size": _BATCH_SIZE.value,
           "seq_len": _MAX_SEQ_LENGTH.value, "num_workers": num_workers,
           "batches_per_s": round(_PIPELINE_BATCHES.value / seconds, 1),
-          "examples_per_s": round(_PIPELINE_BATCHES.value * _BATCH_SIZE.value / seconds)}
+          "rows_per_s": round(_PIPELINE_BATCHES.value * _BATCH_SIZE.value / seconds)}
 
 
 def main(argv):
@@ -223,6 +229,7 @@ def main(argv):
         repeats.append(_run_child([
             f"--mode={mode}", f"--corpus={path}", f"--output={output}", f"--dupe={dupe}",
             f"--work_dir={_WORK_DIR.value}", f"--max_seq_length={_MAX_SEQ_LENGTH.value}",
+            f"--max_examples_per_row={_MAX_EXAMPLES_PER_ROW.value}",
             f"--num_workers={num_workers}"]))
       result = min(repeats, key=lambda r: r["seconds"])
       for key in ("peak_tree_rss_mb", "peak_process_rss_mb"):
@@ -242,18 +249,18 @@ def main(argv):
   for num_workers in (0, 2):
     results.append(_pipeline_throughput(last_dataset, num_workers))
 
-  print(f"\n{'writer':<12}{'workers':>8}{'MB':>7}{'dupe':>6}{'examples':>10}{'s':>8}"
+  print(f"\n{'writer':<12}{'workers':>8}{'MB':>7}{'dupe':>6}{'rows':>10}{'s':>8}"
         f"{'MB/s':>8}{'MB/s/pass':>11}{'tree RSS MB':>13}{'max proc MB':>13}{'load':>6}")
   for r in results:
     if r["bench"] == "prepare":
       print(f"{r['writer']:<12}{r['workers']:>8}{r['corpus_mb']:>7.1f}{r['dupe_factor']:>6}"
-            f"{r['examples']:>10}{r['seconds']:>8.2f}{r['mb_per_s']:>8.2f}"
+            f"{r['rows']:>10}{r['seconds']:>8.2f}{r['mb_per_s']:>8.2f}"
             f"{r['mb_per_s_per_pass']:>11.2f}{r['peak_tree_rss_mb']:>13.1f}"
             f"{r['peak_process_rss_mb']:>13.1f}{r['load_avg_1m']:>6.1f}")
   for r in results:
     if r["bench"] == "pipeline":
       print(f"pipeline B={r['batch_size']} L={r['seq_len']} workers={r['num_workers']}: "
-            f"{r['batches_per_s']} batches/s ({r['examples_per_s']} examples/s)")
+            f"{r['batches_per_s']} batches/s ({r['rows_per_s']} rows/s)")
   print()
   for r in results:
     print(json.dumps(r))

@@ -2,7 +2,7 @@
 
 What is timed, per implementation, is one full optimizer step on a [B, L] batch: forward with
 dropout 0.1 (train mode), MLM + NSP loss, backward, global-norm clipping (1.0) and AdamW.
-  - bert_jax: `bert_jax.train.jit_train_step` on a 1-device mesh (masking inside the jitted
+  - bert_jax: the trainer's compiled step (`bert_jax.trainer.make_program`) on a 1-device mesh (masking inside the jitted
     step, P gathered MLM positions, state donated), run as the train loop runs it (AOT-compiled).
   - hf_torch: transformers' PyTorch `BertForPreTraining` built from a `BertConfig` (no download),
     `model(..., labels=, next_sentence_label=)` (logits at all L positions, labels -100 except at
@@ -102,6 +102,7 @@ class BertJaxWorker:
     sys.path.insert(0, REPO)
     import flax.linen as nn
     import jax
+    import numpy as np
     from bert_jax import sharding, trainer
     from bert_jax.masking import MaskingConfig
     from bert_jax.model import BertConfig
@@ -120,9 +121,14 @@ class BertJaxWorker:
                                         mask_token_id=MASK,
                                         special_token_ids=(PAD, 1, CLS, SEP, MASK), unk_token_id=1)
     host = make_batch(batch, length, predictions)
-    host = {k: host[k] for k in ("input_ids", "token_type_ids", "attention_mask", "word_starts",
-                                 "next_sentence_label")}
-    task = PretrainingTask(model_config, masking, length)
+    # The batch contract with one example per row (no padding: every slot is a real token).
+    host = {"input_ids": host["input_ids"], "token_type_ids": host["token_type_ids"],
+            "segment_ids": host["attention_mask"], "word_starts": host["word_starts"],
+            "position_ids": np.tile(np.arange(length, dtype=np.int32), (batch, 1)),
+            "cls_positions": np.zeros((batch, 1), np.int32),
+            "next_sentence_label": host["next_sentence_label"][:, None],
+            "nsp_weights": np.ones((batch, 1), np.float32)}
+    task = PretrainingTask(model_config, masking, length, 1)
     self.mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
       program = trainer.make_program(config, task, self.mesh)

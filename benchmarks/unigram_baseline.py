@@ -42,8 +42,9 @@ def main(argv):
     eligible = ~np.isin(ids, special)
     hits += int((ids[eligible] == top_token).sum())
     total += int(eligible.sum())
-    nsp_ones += int(batch["next_sentence_label"][real].sum())
-    examples += int(real.sum())
+    used = batch["nsp_weights"][real] > 0  # [rows, K]: the examples packed in each row.
+    nsp_ones += int(batch["next_sentence_label"][real][used].sum())
+    examples += int(used.sum())
   result = {
       "mlm_unigram_accuracy": hits / max(total, 1),
       "most_frequent_token_id": int(top_token),

@@ -1,7 +1,9 @@
 """BERT's pretraining losses, returned as sums and counts so means over batches and hosts are exact.
 
-The MLM loss covers exactly the selected targets (`masked_lm_weights` = 1), whether their input
-token was replaced by [MASK], by a random token, or left unchanged; unused slots weigh 0.
+MLM is normalised by the number of real targets, NSP by the number of real examples (a packed
+row holds up to K; empty slots weigh 0). The MLM loss covers exactly the selected targets
+(`masked_lm_weights` = 1), whether their input token was replaced by [MASK], by a random token,
+or left unchanged; unused slots weigh 0.
 """
 
 import jax
@@ -36,12 +38,12 @@ def mlm_sums(mlm_logits, masked_lm_ids, masked_lm_weights) -> dict[str, jax.Arra
   }
 
 
-def nsp_sums(nsp_logits, next_sentence_label, example_weight=None) -> dict[str, jax.Array]:
-  """nsp_logits [B, 2], next_sentence_label [B] (0 = real continuation, 1 = random),
-  example_weight [B] or None -> `nsp_loss_sum`, `nsp_correct_sum`, `nsp_count`."""
-  weights = (jnp.ones(nsp_logits.shape[:1], jnp.float32) if example_weight is None
-             else example_weight.astype(jnp.float32))
-  nll = _cross_entropy(nsp_logits, next_sentence_label)  # [B]
+def nsp_sums(nsp_logits, next_sentence_label, nsp_weights) -> dict[str, jax.Array]:
+  """nsp_logits [..., 2], next_sentence_label [...] (0 = real continuation, 1 = random),
+  nsp_weights [...] (1 for a real example, 0 for an empty slot of a packed row) ->
+  `nsp_loss_sum`, `nsp_correct_sum`, `nsp_count`."""
+  weights = nsp_weights.astype(jnp.float32)
+  nll = _cross_entropy(nsp_logits, next_sentence_label)  # [...]
   correct = (jnp.argmax(nsp_logits, axis=-1) == next_sentence_label).astype(jnp.float32)
   return {
       "nsp_loss_sum": jnp.sum(nll * weights),
@@ -50,23 +52,21 @@ def nsp_sums(nsp_logits, next_sentence_label, example_weight=None) -> dict[str, 
   }
 
 
-def pretraining_loss(outputs, batch) -> tuple[jax.Array, dict[str, jax.Array]]:
-  """outputs of BertForPreTraining and a masked batch -> (scalar loss to differentiate, sums).
+def pretraining_sums(outputs, batch) -> dict[str, jax.Array]:
+  """Outputs of BertForPreTraining (with cls_positions: nsp_logits [B, K, 2]) and a masked batch
+  -> the MLM and NSP sums. `batch["example_weight"]` [B] (eval padding rows) zeroes whole rows."""
+  mlm_weights, nsp_weights = batch["masked_lm_weights"], batch["nsp_weights"]  # [B, P], [B, K]
+  if "example_weight" in batch:  # Present only in eval batches.
+    mlm_weights = mlm_weights * batch["example_weight"][:, None]
+    nsp_weights = nsp_weights * batch["example_weight"][:, None]
+  return {**mlm_sums(outputs["mlm_logits"], batch["masked_lm_ids"], mlm_weights),
+          **nsp_sums(outputs["nsp_logits"], batch["next_sentence_label"], nsp_weights)}
 
-  loss = MLM NLL / number of selected targets + NSP NLL / number of sequences, as in
-  google-research/bert. `batch["example_weight"]` (eval padding) zeroes whole examples.
-  """
-  example_weight = batch.get("example_weight")  # Present only in eval batches.
-  mlm_weights = batch["masked_lm_weights"]
-  if example_weight is not None:
-    mlm_weights = mlm_weights * example_weight[:, None]
-  sums = {
-      **mlm_sums(outputs["mlm_logits"], batch["masked_lm_ids"], mlm_weights),
-      **nsp_sums(outputs["nsp_logits"], batch["next_sentence_label"], example_weight),
-  }
-  loss = (sums["mlm_loss_sum"] / jnp.maximum(sums["mlm_count"], 1.0)
+
+def pretraining_loss(sums: dict[str, jax.Array]) -> jax.Array:
+  """MLM NLL / number of targets + NSP NLL / number of examples, as google-research/bert."""
+  return (sums["mlm_loss_sum"] / jnp.maximum(sums["mlm_count"], 1.0)
           + sums["nsp_loss_sum"] / jnp.maximum(sums["nsp_count"], 1.0))
-  return loss, sums
 
 
 def means(sums: dict) -> dict[str, float]:

@@ -4,6 +4,11 @@ Read top to bottom: config -> embeddings -> attention -> layer -> encoder -> Ber
 pretraining heads. Shapes: B batch, L sequence length, H hidden size, N heads, D head size,
 F intermediate size, P predictions per sequence, V vocabulary size.
 
+Packed rows: several [CLS] A [SEP] B [SEP] examples share a row; `segment_ids` keep attention
+inside each example, `position_ids` restart at 0 in each, and the pooler and NSP head read each
+example's [CLS] at `cls_positions`. An unpacked batch is the one-example case (segment ids = the
+attention mask, positions 0..L-1, [CLS] at 0).
+
 Every parameter carries logical axis names (see the constants below); `bert_jax/sharding.py`
 maps them onto the device mesh with the rules in `config.mesh.logical_axis_rules`.
 Whatever the compute `dtype` (e.g. bfloat16): softmax and LayerNorm statistics run in float32,
@@ -49,6 +54,9 @@ class BertConfig:
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   dropout_rng: str = "hash"  # Random bits of dropout masks: "hash" or "threefry" (see `dropout`).
+  # jax.nn.dot_product_attention's implementation where no attention dropout applies: "xla"
+  # (anywhere) or "cudnn" (NVIDIA GPUs, fused).
+  attention_impl: str = "xla"
 
   def __post_init__(self):
     if self.hidden_size % self.num_attention_heads:
@@ -61,6 +69,9 @@ class BertConfig:
     if self.dropout_rng not in _DROPOUT_RNGS:
       raise ValueError(f"dropout_rng={self.dropout_rng!r} is not supported; use one of "
                        f"{list(_DROPOUT_RNGS)}")
+    if self.attention_impl not in _ATTENTION_IMPLS:
+      raise ValueError(f"attention_impl={self.attention_impl!r} is not supported; use one of "
+                       f"{list(_ATTENTION_IMPLS)}")
     for name in ("dtype", "param_dtype"):  # Accept "bfloat16" etc. from configs.
       object.__setattr__(self, name, jnp.dtype(getattr(self, name)))
 
@@ -93,6 +104,10 @@ _ACTIVATIONS = {
 
 
 _DROPOUT_RNGS = ("hash", "threefry")
+_ATTENTION_IMPLS = ("xla", "cudnn")
+# Added to the float32 scores of masked keys: finite (a row with no key to attend to gets a
+# uniform softmax, not NaN), as jax.nn.dot_product_attention's own mask value.
+_MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
 
 
 def _fmix32(x):
@@ -204,13 +219,13 @@ class Embeddings(nn.Module):
     self.token_type_embeddings = embed(c.type_vocab_size, "token_type_embeddings")
     self.layer_norm = LayerNorm(c, name="LayerNorm")
 
-  def __call__(self, input_ids, token_type_ids, deterministic: bool):
+  def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
     length = input_ids.shape[1]
     if length > self.config.max_position_embeddings:
       raise ValueError(f"Sequence length {length} exceeds max_position_embeddings="
                        f"{self.config.max_position_embeddings}")
     x = (self.word_embeddings(input_ids)  # [B, L, H]
-         + self.position_embeddings(jnp.arange(length))[None]
+         + self.position_embeddings(position_ids)  # Restart at 0 in each packed example.
          + self.token_type_embeddings(token_type_ids))
     x = self.layer_norm(x)
     return _dropout(self, x, self.config.hidden_dropout_prob, deterministic)
@@ -244,11 +259,12 @@ class _Einsum(nn.Module):
 
 
 class SelfAttention(nn.Module):
-  """Bidirectional multi-head self-attention with a padding mask, output projection included."""
+  """Bidirectional multi-head self-attention within segments, output projection included."""
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, attention_bias, deterministic: bool):
+  def __call__(self, x, mask, deterministic: bool):
+    """x [B, L, H], mask [B, 1, L, L] bool (query attends to key) -> [B, L, H]."""
     c = self.config
     heads = (c.num_attention_heads, c.head_dim)
     proj = lambda name: _Einsum(c, (c.hidden_size, *heads), (EMBED, HEADS, KV), heads,
@@ -260,11 +276,12 @@ class SelfAttention(nn.Module):
     if dropout_rate == 0.0:
       # The fused path; it has no attention-probability dropout.
       context = jax.nn.dot_product_attention(
-          query, key, value, bias=attention_bias.astype(query.dtype))  # [B, L, N, D]
+          query, key, value, mask=mask, implementation=c.attention_impl)  # [B, L, N, D]
     else:
       scores = jnp.einsum("bqnd,bknd->bnqk", query, key,
                           preferred_element_type=jnp.float32) / jnp.sqrt(c.head_dim)
-      probs = jax.nn.softmax(scores + attention_bias, axis=-1)  # [B, N, L, L] f32
+      scores = jnp.where(mask, scores, _MASK_VALUE)
+      probs = jax.nn.softmax(scores, axis=-1)  # [B, N, L, L] f32
       probs = _dropout(self, probs, dropout_rate, deterministic=False).astype(c.dtype)
       context = jnp.einsum("bnqk,bknd->bqnd", probs, value)
     return _Einsum(c, (*heads, c.hidden_size), (HEADS, KV, EMBED), (c.hidden_size,), (EMBED,),
@@ -276,10 +293,10 @@ class Layer(nn.Module):
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, attention_bias, deterministic: bool):
+  def __call__(self, x, mask, deterministic: bool):
     c = self.config
     dropout = lambda y: _dropout(self, y, c.hidden_dropout_prob, deterministic)
-    attended = SelfAttention(c, name="attention")(x, attention_bias, deterministic)
+    attended = SelfAttention(c, name="attention")(x, mask, deterministic)
     x = LayerNorm(c, name="attention_LayerNorm")(x + dropout(attended))
     h = _dense(c, c.intermediate_size, (EMBED, MLP), "intermediate")(x)  # [B, L, F]
     h = nn.with_logical_constraint(_ACTIVATIONS[c.hidden_act](h), (BATCH, LENGTH, MLP))
@@ -288,18 +305,18 @@ class Layer(nn.Module):
     return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
 
 
-def attention_bias_from_mask(attention_mask, dtype=jnp.float32):
-  """[B, L] 1/0 padding mask -> additive bias [B, 1, 1, L] in `dtype`: 0 for keys to attend,
-  -0.7 x the largest finite value of `dtype` for padding (as jax.nn.dot_product_attention's own
-  mask value). It stays finite in `dtype` (finfo.min itself rounds to -inf in bfloat16) and in
-  the float32 scores it is added to, so a row whose keys are all padding gets a uniform softmax
-  instead of NaN."""
-  mask_value = -0.7 * float(jnp.finfo(dtype).max)
-  return jnp.where(attention_mask[:, None, None, :] > 0, 0.0, mask_value).astype(dtype)
+def attention_mask_from_segments(segment_ids):
+  """[B, L] segment ids (1..K per packed example, 0 on padding; an attention mask of 1s and 0s
+  is the one-example case) -> [B, 1, L, L] bool, query attends to key: keys of the query's own
+  segment only, never padding. Padding queries attend to every real key (their outputs are
+  never read, and with one segment this is exactly HuggingFace's padding mask)."""
+  query = segment_ids[:, :, None]  # [B, L, 1]
+  key = segment_ids[:, None, :]  # [B, 1, L]
+  return ((key > 0) & ((query == key) | (query == 0)))[:, None]
 
 
 class BertModel(nn.Module):
-  """The encoder: returns (sequence_output [B, L, H], pooled_output [B, H])."""
+  """The encoder: returns (sequence_output [B, L, H], pooled_output [B, H] or [B, K, H])."""
   config: BertConfig
   add_pooling_layer: bool = True
 
@@ -310,19 +327,27 @@ class BertModel(nn.Module):
     if self.add_pooling_layer:
       self.pooler = _dense(c, c.hidden_size, (EMBED, None), "pooler")
 
-  def __call__(self, input_ids, token_type_ids=None, attention_mask=None,
-               deterministic: bool = True):
+  def __call__(self, input_ids, token_type_ids=None, segment_ids=None,
+               deterministic: bool = True, *, position_ids=None, cls_positions=None):
+    """input_ids [B, L]; token_type_ids [B, L] (A 0, B 1); segment_ids [B, L] (packed example
+    1..K, 0 padding; an attention mask is the K = 1 case); position_ids [B, L] (default
+    0..L-1); cls_positions [B, K] ([CLS] of each packed example; default: position 0 only,
+    pooled [B, H])."""
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
-    if attention_mask is None:
-      attention_mask = jnp.ones_like(input_ids)
-    bias = attention_bias_from_mask(attention_mask, self.config.dtype)  # [B, 1, 1, L], once.
-    x = self.embeddings(input_ids, token_type_ids, deterministic)  # [B, L, H]
+    if segment_ids is None:
+      segment_ids = jnp.ones_like(input_ids)
+    if position_ids is None:
+      position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
+    mask = attention_mask_from_segments(segment_ids)  # [B, 1, L, L], built once.
+    x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)  # [B, L, H]
     x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
     for layer in self.layers:
-      x = layer(x, bias, deterministic)
-    pooled = jnp.tanh(self.pooler(x[:, 0])) if self.add_pooling_layer else None  # [B, H]
-    return x, pooled
+      x = layer(x, mask, deterministic)
+    if not self.add_pooling_layer:
+      return x, None
+    cls = x[:, 0] if cls_positions is None else gather_positions(x, cls_positions)
+    return x, jnp.tanh(self.pooler(cls))  # [B, H] or [B, K, H]
 
   def attend(self, x):
     return self.embeddings.attend(x)
@@ -357,11 +382,13 @@ class BertForPreTraining(nn.Module):
     # Two outputs: computed in float32 outright (the cost is nil).
     self.nsp = _dense(dataclasses.replace(self.config, dtype=jnp.float32), 2, (EMBED, None), "nsp")
 
-  def __call__(self, input_ids, token_type_ids, attention_mask, masked_lm_positions,
-               deterministic: bool = True):
-    """input_ids/token_type_ids/attention_mask [B, L], masked_lm_positions [B, P] ->
-    {"mlm_logits": [B, P, V] f32, "nsp_logits": [B, 2] f32}."""
-    sequence, pooled = self.bert(input_ids, token_type_ids, attention_mask, deterministic)
+  def __call__(self, input_ids, token_type_ids, segment_ids, masked_lm_positions,
+               deterministic: bool = True, *, position_ids=None, cls_positions=None):
+    """input_ids/token_type_ids/segment_ids [B, L], masked_lm_positions [B, P] (and, for packed
+    rows, position_ids [B, L] and cls_positions [B, K]; see `BertModel`) -> {"mlm_logits":
+    [B, P, V] f32, "nsp_logits": [B, 2] f32, or [B, K, 2] with cls_positions}."""
+    sequence, pooled = self.bert(input_ids, token_type_ids, segment_ids, deterministic,
+                                 position_ids=position_ids, cls_positions=cls_positions)
     masked = gather_positions(sequence, masked_lm_positions)  # [B, P, H]
     return {
         "mlm_logits": self.mlm(masked, self.bert),

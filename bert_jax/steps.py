@@ -77,7 +77,7 @@ def train_step(state: TrainState, batch: dict, rng, *, task: Task,
   params = {**params, **{name: state.params[name] for name in task.frozen}}
   trained_grads = {k: v for k, v in grads.items() if k not in task.frozen}
   metrics = {**sums, "loss": loss, "grad_norm": optax.tree.norm(trained_grads),
-             "learning_rate": schedule(state.step)}
+             "learning_rate": schedule(state.step), "real_tokens": task.real_tokens(batch)}
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 

@@ -28,8 +28,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   _validate(config)
   model_config = BertConfig.from_config(config.model)
   dataset_dir, meta = _resolve_data(config, workdir)
-  ids = meta if dataset_dir else SYNTHETIC_SPECIALS
-  task = _task(config, model_config, ids, meta.get("special_ids", SYNTHETIC_SPECIALS.values()))
+  task = pretraining_task(config, model_config, meta if dataset_dir else None)
   run = trainer.Run(
       task=task, train_iter=_train_iterator(config, dataset_dir, model_config.vocab_size),
       eval_batches=_eval_batches(config, dataset_dir) if dataset_dir else None, eval_data=None,
@@ -45,21 +44,46 @@ def compile_report(config) -> dict[str, Any]:
   """Per-device memory and FLOPs of the compiled train step, from abstract shapes only."""
   _validate(config)
   model_config = BertConfig.from_config(config.model)
-  specials = SYNTHETIC_SPECIALS
-  return trainer.compile_report(config, _task(config, model_config, specials, specials.values()))
+  return trainer.compile_report(config, pretraining_task(config, model_config, None))
+
+
+OBJECTIVES = ("mlm_nsp", "mlm")
 
 
 def _validate(config) -> None:
-  if config.data.max_seq_length > config.model.max_position_embeddings:
-    raise ValueError(f"config.data.max_seq_length={config.data.max_seq_length} exceeds "
+  data, masking = config.data, config.masking
+  if data.max_seq_length > config.model.max_position_embeddings:
+    raise ValueError(f"config.data.max_seq_length={data.max_seq_length} exceeds "
                      f"config.model.max_position_embeddings={config.model.max_position_embeddings}")
+  if data.objective not in OBJECTIVES:
+    raise ValueError(f"config.data.objective={data.objective!r}: use one of {OBJECTIVES}")
+  if data.max_examples_per_row < 1:
+    raise ValueError(f"config.data.max_examples_per_row={data.max_examples_per_row} must be >= 1 "
+                     "(1: one example per row, unpacked)")
+  # Targets are 15% of a row's eligible tokens: the P slots must hold those of a full row.
+  needed = round(masking.mask_prob * data.max_seq_length)
+  if masking.max_predictions_per_seq < needed:
+    raise ValueError(
+        f"config.masking.max_predictions_per_seq={masking.max_predictions_per_seq} cannot hold "
+        f"the {needed} targets of a full row (mask_prob {masking.mask_prob} x max_seq_length "
+        f"{data.max_seq_length}); set it to at least {needed}")
 
 
-def _task(config, model_config: BertConfig, ids, special_ids) -> PretrainingTask:
+def examples_per_row(config) -> int:
+  """K of the batch contract: the packing of the NSP objective; MLM-only rows are one sequence."""
+  return 1 if config.data.objective == "mlm" else config.data.max_examples_per_row
+
+
+def pretraining_task(config, model_config: BertConfig, meta: dict | None) -> PretrainingTask:
+  """The task of `config` on a prepared dataset's vocabulary (its bert_meta.json), or on the
+  synthetic data's special ids when `meta` is None."""
+  ids = meta if meta is not None else SYNTHETIC_SPECIALS
+  special_ids = meta["special_ids"] if meta is not None else SYNTHETIC_SPECIALS.values()
   masking = MaskingConfig.from_config(
       config.masking, vocab_size=model_config.vocab_size, mask_token_id=ids["mask_id"],
       special_token_ids=tuple(special_ids), unk_token_id=ids["unk_id"])
-  return PretrainingTask(model_config, masking, config.data.max_seq_length)
+  return PretrainingTask(model_config, masking, config.data.max_seq_length,
+                         examples_per_row(config))
 
 
 def _resolve_data(config, workdir: str) -> tuple[str | None, dict]:
@@ -80,7 +104,8 @@ def _train_iterator(config, dataset_dir: str | None, vocab_size: int):
     s = SYNTHETIC_SPECIALS
     return pipeline.make_synthetic_iterator(
         seq_len=config.data.max_seq_length, vocab_size=vocab_size, pad_id=s["pad_id"],
-        cls_id=s["cls_id"], sep_id=s["sep_id"], special_ids=tuple(s.values()), **common)
+        cls_id=s["cls_id"], sep_id=s["sep_id"], special_ids=tuple(s.values()),
+        max_examples_per_row=examples_per_row(config), **common)
   return pipeline.make_train_iterator(dataset_dir, num_workers=config.data.num_workers, **common)
 
 

@@ -283,6 +283,7 @@ class MetricSums:
     report["loss"] = self.sums["loss"] / max(self.steps, 1)
     report["grad_norm"] = self.sums["grad_norm"] / max(self.steps, 1)
     report["learning_rate"] = self.last.get("learning_rate", 0.0)
+    report["real_tokens"] = self.sums["real_tokens"]  # Over the interval's steps.
     self.sums.clear()
     self.steps = 0
     return report
@@ -350,17 +351,24 @@ class _Loop:
     total, (start, steps_done) = self.config.train.num_train_steps, interval
     elapsed = time.time() - start
     report = sums.report()
-    tokens = self.config.train.batch_size * self.run.task.batch_signature()["input_ids"][0][0]
-    report["tokens_per_sec"] = steps_done * tokens / elapsed
+    batch_size = self.config.train.batch_size
+    slots = steps_done * batch_size * self.run.task.batch_signature()["input_ids"][0][0]
+    # Slots are not work: throughput and MFU count the real (non-padding) tokens.
+    report["fill_rate"] = report.pop("real_tokens") / slots
+    report["tokens_per_sec"] = slots / elapsed
+    report["real_tokens_per_sec"] = report["fill_rate"] * slots / elapsed
     report["steps_per_sec"] = steps_done / elapsed
     flops_per_example = self.run.task.flops_per_example()
     if flops_per_example and peak:
-      report["mfu"] = steps_done * self.config.train.batch_size * flops_per_example / elapsed / peak
+      # The model FLOPs of the real tokens: those of the slots times the fill rate.
+      report["mfu"] = (steps_done * batch_size * flops_per_example * report["fill_rate"]
+                       / elapsed / peak)
     self.writer.write(step, "train", report)
     shown = " ".join(f"{k} {report[k]:.4f}" for k in ("loss", *self.run.task.log_keys))
     mfu = f" mfu {report['mfu']:.1%}" if "mfu" in report else ""
     self.writer.log(f"step {step}/{total} {shown} lr {report['learning_rate']:.3g} "
-                    f"{report['tokens_per_sec']:,.0f} tok/s{mfu} eta "
+                    f"{report['real_tokens_per_sec']:,.0f} real tok/s (fill "
+                    f"{report['fill_rate']:.0%}){mfu} eta "
                     f"{(total - step) * elapsed / steps_done / 60:.1f} min")
     self.result["train"] = report
 

@@ -31,6 +31,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.layer_norm_eps = 1e-12  # LayerNorm epsilon, as in the original BERT.
   config.model.dtype = "float32"  # Compute dtype: "float32" or "bfloat16".
   config.model.param_dtype = "float32"  # Parameter (and optimizer state) dtype.
+  config.model.attention_impl = "xla"  # Fused attention where no attention dropout applies:
+  #                                        "xla" (anywhere) or "cudnn" (NVIDIA GPUs).
   config.model.dropout_rng = "hash"  # Dropout mask bits: "hash" (keyed counter hash, several
   #                                    times cheaper on CPU) or "threefry" (jax.random.bits).
 
@@ -39,7 +41,16 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.source = "builtin"  # "builtin" (docstring corpus, prepared into the workdir),
   #                                  "prepared" (data.dataset_dir) or "synthetic" (random ids).
   config.data.dataset_dir = ""  # A directory written by launch/prepare_data.py (source=prepared).
-  config.data.max_seq_length = 128  # Tokens per example, [CLS] A [SEP] B [SEP] included.
+  config.data.max_seq_length = 128  # Tokens per row, [CLS] A [SEP] B [SEP] included.
+  # "mlm_nsp": BERT's NSP pairs, MLM + NSP losses. "mlm": RoBERTa's FULL-SENTENCES rows
+  # (contiguous text across sentences and documents, [SEP] between documents, every row full),
+  # MLM only.
+  config.data.objective = "mlm_nsp"
+  # K: NSP examples packed per row of max_seq_length (attention stays inside each example);
+  # 1 = unpacked (one example per row, padded). A prepared dataset is packed for one K: train
+  # with the K it was prepared with. Ignored by objective "mlm" (a row is one sequence, K = 1).
+  # About max_seq_length / 32 fills rows >= 98% on the built-in corpus (4 at 128, 16 at 512).
+  config.data.max_examples_per_row = 4
   config.data.short_seq_prob = 0.1  # Fraction of examples with a random shorter target length.
   config.data.dupe_factor = 5  # Passes over the corpus, each with its own seed (as the original).
   config.data.validation_fraction = 0.01  # Documents held out for the validation split.
@@ -51,7 +62,9 @@ def get_config() -> ml_collections.ConfigDict:
   # ---------------------------------------------------------------- masking
   config.masking = ml_collections.ConfigDict()
   config.masking.mask_prob = 0.15  # Fraction of eligible positions selected as MLM targets.
-  config.masking.max_predictions_per_seq = 20  # P: static number of target slots per sequence.
+  # P: static number of target slots per row. Targets are 15% of a row's eligible tokens, so P
+  # must cover a full row: P >= round(mask_prob * max_seq_length) (checked; 20 for 128).
+  config.masking.max_predictions_per_seq = 20
   config.masking.mask_token_prob = 0.8  # Of the selected: replaced by [MASK].
   config.masking.random_token_prob = 0.1  # Of the selected: replaced by a random token.
   #                                          The rest (0.1) keep their token.

@@ -6,8 +6,10 @@ Run (one of --input, --tfds_name, --builtin):
       --output_dir=data/books --vocab=uncased_L-12_H-768_A-12/vocab.txt
   python launch/prepare_data.py --tfds_name=wikipedia/20230601.en --output_dir=data/wiki
   python launch/prepare_data.py --builtin --output_dir=data/builtin --vocab_size=8192
+  python launch/prepare_data.py --input=books.txt --output_dir=data/books_mlm --objective=mlm
 
-Then train with --config.data.source=prepared --config.data.dataset_dir=<output_dir>.
+Then train with --config.data.source=prepared --config.data.dataset_dir=<output_dir> (and the
+same --config.data.objective and, for mlm_nsp, --config.data.max_examples_per_row).
 """
 
 import hashlib
@@ -22,6 +24,7 @@ from absl import logging
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bert_jax.data import corpus  # noqa: E402
+from bert_jax.data import examples  # noqa: E402
 from bert_jax.data import prepare  # noqa: E402
 from bert_jax.data import vocab as vocab_lib  # noqa: E402
 from configs import base  # noqa: E402
@@ -52,7 +55,15 @@ _ALLOW_SMALLER_VOCAB = flags.DEFINE_bool(
     "allow_smaller_vocab", False,
     "If the corpus cannot support --vocab_size, train the largest vocabulary it supports.")
 _MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", _DEFAULTS.data.max_seq_length,
-                                       "Tokens per example, specials included.")
+                                       "Tokens per row, specials included.")
+_OBJECTIVE = flags.DEFINE_enum(
+    "objective", _DEFAULTS.data.objective, ["mlm_nsp", "mlm"],
+    "mlm_nsp: BERT's next-sentence pairs, packed --max_examples_per_row to a row; mlm: "
+    "RoBERTa's FULL-SENTENCES rows (contiguous text, [SEP] between documents, full rows), no NSP.")
+_MAX_EXAMPLES_PER_ROW = flags.DEFINE_integer(
+    "max_examples_per_row", _DEFAULTS.data.max_examples_per_row,
+    "K: NSP examples packed per row (1: one example per row, unpacked). Ignored by "
+    "--objective=mlm. Train with the same --config.data.max_examples_per_row.")
 _SHORT_SEQ_PROB = flags.DEFINE_float("short_seq_prob", _DEFAULTS.data.short_seq_prob,
                                      "Probability of a shorter random target length.")
 _DUPE_FACTOR = flags.DEFINE_integer("dupe_factor", _DEFAULTS.data.dupe_factor,
@@ -115,6 +126,11 @@ def _run(work_dir: str) -> None:
   if not _OUTPUT_DIR.value:
     raise ValueError("--output_dir is required.")
   prepare.check_output_dir(_OUTPUT_DIR.value)  # Before any slow work.
+  examples.ExampleSettings(
+      max_seq_length=_MAX_SEQ_LENGTH.value, short_seq_prob=_SHORT_SEQ_PROB.value,
+      dupe_factor=_DUPE_FACTOR.value, validation_fraction=_VALIDATION_FRACTION.value,
+      seed=_SEED.value, objective=_OBJECTIVE.value,
+      max_examples_per_row=_MAX_EXAMPLES_PER_ROW.value).validate()
   documents, stats_getter, fingerprint = _sources(work_dir)
   if _VOCAB.value:
     vocab = vocab_lib.Vocab.load(_VOCAB.value)
@@ -130,16 +146,19 @@ def _run(work_dir: str) -> None:
       _OUTPUT_DIR.value, documents, vocab, max_seq_length=_MAX_SEQ_LENGTH.value,
       short_seq_prob=_SHORT_SEQ_PROB.value, dupe_factor=_DUPE_FACTOR.value,
       validation_fraction=_VALIDATION_FRACTION.value, seed=_SEED.value,
+      objective=_OBJECTIVE.value, max_examples_per_row=_MAX_EXAMPLES_PER_ROW.value,
       num_workers=None if _NUM_WORKERS.value < 0 else _NUM_WORKERS.value,
       corpus_stats=stats_getter, corpus_fingerprint=fingerprint)
   stats = meta["corpus_stats"] or {}
   if stats.get("invalid_bytes"):
     logging.warning("%d bytes of the corpus were not valid UTF-8 (replaced by U+FFFD).",
                     stats["invalid_bytes"])
-  print(f"Prepared {_OUTPUT_DIR.value}: {meta['num_examples']['train']} train / "
-        f"{meta['num_examples']['validation']} validation examples, vocab {meta['vocab_size']} "
-        f"({meta['vocab_kind']}), max_seq_length {meta['max_seq_length']}, "
-        f"{meta['prepare_seconds']:.1f} s.")
+  train, validation = meta["splits"]["train"], meta["splits"]["validation"]
+  print(f"Prepared {_OUTPUT_DIR.value} ({meta['objective']}): {train['rows']} train rows "
+        f"({train['examples']} examples, {train['fill_rate']:.1%} real tokens) / "
+        f"{validation['rows']} validation rows, vocab {meta['vocab_size']} "
+        f"({meta['vocab_kind']}), max_seq_length {meta['max_seq_length']}, up to "
+        f"{meta['max_examples_per_row']} examples per row, {meta['prepare_seconds']:.1f} s.")
 
 
 def main(argv):

@@ -1,4 +1,5 @@
-"""NSP example construction: layout, statistics, faithfulness to the original, records."""
+"""NSP example construction and rows: layout, packing, statistics, faithfulness to the
+original, records."""
 
 import collections
 import random
@@ -7,6 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax.data import examples as ex
+from bert_jax.data import packing
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 DOC_BASE, SENT_BASE, WORD_BASE, PIECE_BASE, CONT_ID = 100, 1100, 2000, 3000, 3999
@@ -57,19 +59,48 @@ def tokenized(docs):
   return ex.tokenize_documents(docs, FakeTokenizer())
 
 
-def build_features(docs, seed=0, max_seq_length=64, short_seq_prob=0.1, dupe_factor=1):
-  settings = ex.ExampleSettings(max_seq_length=max_seq_length, short_seq_prob=short_seq_prob,
-                                dupe_factor=dupe_factor, validation_fraction=0.0, seed=seed)
-  return list(ex.iter_examples(docs, FakeTokenizer(), settings, ex.TRAIN))
+def settings_for(seed=0, max_seq_length=64, short_seq_prob=0.1, dupe_factor=1, **kwargs):
+  return ex.ExampleSettings(max_seq_length=max_seq_length, short_seq_prob=short_seq_prob,
+                            dupe_factor=dupe_factor, validation_fraction=0.0, seed=seed, **kwargs)
 
 
-def split_pair(features):
-  """(A ids, B ids, number of real tokens) from one padded example."""
-  ids = features["input_ids"]
-  n = sum(features["attention_mask"])
-  seps = [i for i in range(n) if ids[i] == SEP]
-  assert len(seps) == 2 and seps[1] == n - 1
-  return ids[1:seps[0]], ids[seps[0] + 1:n - 1], n
+def build_instances(docs, block_chars=ex.ExampleSettings.block_chars, **kwargs):
+  """Every block's instances in generation order (before the shuffle into rows)."""
+  settings = settings_for(block_chars=block_chars, **kwargs)
+  instances = []
+  for block in ex.iter_document_blocks(docs, validation_fraction=0.0, block_chars=block_chars):
+    block_instances, _ = ex.build_instances(block, FakeTokenizer(), settings)
+    instances += block_instances
+  return instances
+
+
+def build_rows(docs, **kwargs):
+  """The train split's rows as feature lists, in record order."""
+  return list(ex.iter_rows(docs, FakeTokenizer(), settings_for(**kwargs), ex.TRAIN))
+
+
+def split_pair(instance):
+  """(A ids, B ids, tokens in the row) of one instance."""
+  return instance.ids_a, instance.ids_b, packing.instance_length(instance)
+
+
+def unpack_row(features):
+  """A row's examples: [(A ids, B ids, label)], read back through its layout."""
+  examples = []
+  ids, segments = features["input_ids"], features["segment_ids"]
+  for k, (start, weight) in enumerate(zip(features["cls_positions"], features["nsp_weights"]),
+                                      start=1):
+    if not weight:
+      continue
+    end = start
+    while end < len(ids) and segments[end] == k:
+      end += 1
+    example = ids[start:end]
+    seps = [i for i, t in enumerate(example) if t == SEP]
+    assert example[0] == CLS and len(seps) == 2 and seps[1] == len(example) - 1
+    examples.append((example[1:seps[0]], example[seps[0] + 1:-1],
+                     features["next_sentence_label"][k - 1]))
+  return examples
 
 
 def doc_ids(tokens):
@@ -80,47 +111,77 @@ def sentence_indices(tokens):
   return [t - SENT_BASE for t in tokens if SENT_BASE <= t < WORD_BASE]
 
 
-def test_layout_and_lengths():
-  length = 64
-  examples = build_features(make_corpus(40, seed=1), max_seq_length=length, dupe_factor=2)
-  assert len(examples) > 300
-  for f in examples:
-    for name in ex.FEATURE_NAMES:
-      assert len(f[name]) == length, name
-    a, b, n = split_pair(f)
-    assert a and b and n <= length
-    ids, types, mask, starts = (f["input_ids"], f["token_type_ids"], f["attention_mask"],
-                                f["word_starts"])
-    assert ids[0] == CLS and ids[n:] == [PAD] * (length - n)
-    assert types == [0] * (len(a) + 2) + [1] * (len(b) + 1) + [0] * (length - n)
-    assert mask == [1] * n + [0] * (length - n)
-    for i in [0, len(a) + 1, n - 1, *range(n, length)]:
+def check_example_layout(features, start, k, instance):
+  """The k-th example of a row, [CLS] at `start`, against its instance; returns its length."""
+  a, b, n = split_pair(instance)
+  ids, types, starts = features["input_ids"], features["token_type_ids"], features["word_starts"]
+  span = range(start, start + n)
+  assert [ids[i] for i in span] == [CLS, *a, SEP, *b, SEP]
+  assert [types[i] for i in span] == [0] * (len(a) + 2) + [1] * (len(b) + 1)
+  assert [features["segment_ids"][i] for i in span] == [k] * n
+  assert [features["position_ids"][i] for i in span] == list(range(n))
+  assert [starts[i] for i in span] == [0, *instance.word_starts_a, 0, *instance.word_starts_b, 0]
+  assert features["cls_positions"][k - 1] == start and features["nsp_weights"][k - 1] == 1
+  assert features["next_sentence_label"][k - 1] == int(instance.is_random_next)
+  for i in span:  # The fake tokenizer's continuation piece never starts a word.
+    offset = i - start
+    if ids[i] == CONT_ID or offset in (0, len(a) + 1, n - 1):
       assert starts[i] == 0
-    for i in range(n):  # The fake tokenizer's continuation piece never starts a word.
-      if ids[i] == CONT_ID:
-        assert starts[i] == 0
-      elif ids[i] not in FakeTokenizer.special_ids and ids[i - 1] != CONT_ID:
-        assert starts[i] == 1 or i in (1, len(a) + 2)  # A/B may start mid-word (truncation).
-    assert f[ex.LABEL_NAME] in (0, 1)
+    elif ids[i - 1] != CONT_ID:
+      assert starts[i] == 1 or offset in (1, len(a) + 2)  # A/B may start mid-word (truncation).
+  return n
+
+
+@pytest.mark.parametrize("max_examples_per_row", [1, 3])
+def test_row_layout(max_examples_per_row):
+  length, slots = 64, max_examples_per_row
+  settings = settings_for(max_seq_length=length, dupe_factor=2, short_seq_prob=0.3,
+                          max_examples_per_row=slots)
+  (block,) = ex.iter_document_blocks(make_corpus(40, seed=1), validation_fraction=0.0,
+                                     block_chars=10**9)
+  rows, stats = ex.build_block(block, FakeTokenizer(), settings)
+  instances = list(ex.build_instances(block, FakeTokenizer(), settings)[0])
+  assert stats.rows == len(rows) and stats.examples == len(instances) > 300
+  # Every instance in exactly one row, in some row order: the block's shuffle.
+  in_rows = [instance for row in rows for instance in row]
+  assert sorted(map(repr, in_rows)) == sorted(map(repr, instances)) and in_rows != instances
+  assert max(map(len, rows)) == slots
+  for row in rows:
+    features = ex.row_features(row, settings, FakeTokenizer())
+    assert {len(features[name]) for name in packing.TOKEN_FEATURES} == {length}
+    assert {len(features[name]) for name in packing.SLOT_FEATURES} == {slots}
+    start = 0
+    for k, instance in enumerate(row, start=1):
+      start += check_example_layout(features, start, k, instance)
+    assert start <= length and features["input_ids"][start:] == [PAD] * (length - start)
+    for name in packing.TOKEN_FEATURES[1:]:
+      assert features[name][start:] == [0] * (length - start), name
+    for name in packing.SLOT_FEATURES:
+      assert features[name][len(row):] == [0] * (slots - len(row)), name
+    assert [(list(a), list(b), label) for a, b, label in unpack_row(features)] == [
+        (i.ids_a, i.ids_b, int(i.is_random_next)) for i in row]
+  fill = stats.real_tokens / (stats.rows * length)
+  assert stats.real_tokens == sum(map(packing.instance_length, instances))
+  assert fill > 0.9 if slots > 1 else fill < 0.9
 
 
 def test_nsp_balance_and_random_next_source():
   # A chunk of one sentence always gets a random next (as the original): long documents and no
   # short targets (a short target makes every chunk one sentence) keep those rare, so the coin
   # flip's 50% shows. With short_seq_prob=0.1 the original gives ~55% random here.
-  examples = build_features(make_corpus(150, seed=2, sentences=(60, 90)), max_seq_length=64,
-                            short_seq_prob=0.0, dupe_factor=2)
-  assert len(examples) > 5000
-  labels = np.array([f[ex.LABEL_NAME] for f in examples])
+  instances = build_instances(make_corpus(150, seed=2, sentences=(60, 90)), max_seq_length=64,
+                              short_seq_prob=0.0, dupe_factor=2)
+  assert len(instances) > 5000
+  labels = np.array([i.is_random_next for i in instances])
   assert abs(labels.mean() - 0.5) < 0.03, labels.mean()
   checked = collections.Counter()
-  for f in examples:
-    a, b, _ = split_pair(f)
+  for instance in instances:
+    a, b, _ = split_pair(instance)
     docs_a, docs_b = doc_ids(a), doc_ids(b)
     if not docs_a or not docs_b:
       continue  # A side truncated from the front past its only doc id token.
     assert len(docs_a) == 1
-    if f[ex.LABEL_NAME]:
+    if instance.is_random_next:
       assert docs_a.isdisjoint(docs_b), (docs_a, docs_b)
     else:
       assert docs_a == docs_b
@@ -130,7 +191,7 @@ def test_nsp_balance_and_random_next_source():
         assert side == list(range(side[0], side[0] + len(side))) if side else True
       if sentence_indices(a) and sentence_indices(b):
         assert sentence_indices(a)[-1] < sentence_indices(b)[0]
-    checked[f[ex.LABEL_NAME]] += 1
+    checked[instance.is_random_next] += 1
   assert min(checked.values()) > 1500
 
 
@@ -251,32 +312,57 @@ def test_truncation_matches_original():
   assert fronts > 50 and backs > 50  # Both ends get trimmed.
 
 
-def test_record_serializer_matches_tfds_features():
+def random_instance(rng, max_side):
+  len_a, len_b = rng.randint(1, max_side), rng.randint(1, max_side)
+  # Ids of one, two and three varint bytes.
+  return ex.Instance(
+      [rng.choice([5, 200, 20000, 69999]) for _ in range(len_a)],
+      [rng.randint(0, 1) for _ in range(len_a)],
+      [rng.randint(5, 69999) for _ in range(len_b)],
+      [rng.randint(0, 1) for _ in range(len_b)], rng.random() < 0.5, 13)
+
+
+@pytest.mark.parametrize("length,slots", [(16, 1), (16, 3), (200, 4)])  # 200: 2-byte positions.
+def test_record_serializer_matches_tfds_features(length, slots):
   from tensorflow_datasets.proto import tf_example_pb2
 
   from bert_jax.data import tfds_builder
 
-  features = tfds_builder.make_features(16)
-  serializer = ex.RecordSerializer(16, 70000, pad_id=PAD)
+  features = tfds_builder.make_features(length, slots)
+  serializer = ex.RecordSerializer(length, slots, 70000, pad_id=PAD, cls_id=CLS, sep_id=SEP)
   rng = random.Random(0)
-  for _ in range(20):
-    len_a, len_b = rng.randint(1, 6), rng.randint(1, 7)
-    # Ids of one, two and three varint bytes.
-    instance = ex.Instance(
-        [rng.choice([5, 200, 20000, 69999]) for _ in range(len_a)],
-        [rng.randint(0, 1) for _ in range(len_a)],
-        [rng.randint(5, 69999) for _ in range(len_b)],
-        [rng.randint(0, 1) for _ in range(len_b)], rng.random() < 0.5, 13)
-    decoded = features.deserialize_example_np(serializer.serialize(instance, CLS, SEP))
-    expected = ex.instance_to_features(instance, 16, CLS, SEP, PAD)
+
+  def check(record, expected):
+    decoded = features.deserialize_example_np(record)
+    assert decoded.keys() == expected.keys()
     for name, value in expected.items():
       np.testing.assert_array_equal(decoded[name], value, err_msg=name)
     # The same tf.train.Example as TFDS's own serializer (map order aside).
-    ours = tf_example_pb2.Example.FromString(serializer.serialize(instance, CLS, SEP))
-    assert ours == tf_example_pb2.Example.FromString(features.serialize_example(
-        {k: np.asarray(v, np.int32) for k, v in expected.items()}))
+    assert tf_example_pb2.Example.FromString(record) == tf_example_pb2.Example.FromString(
+        features.serialize_example({k: np.asarray(v, np.int32) for k, v in expected.items()}))
+
+  for _ in range(30):
+    row = []
+    for _ in range(rng.randint(1, slots)):
+      instance = random_instance(rng, (length - 3) // (2 * slots))
+      if sum(map(packing.instance_length, [*row, instance])) <= length:
+        row.append(instance)
+    row = row or [random_instance(rng, 3)]
+    check(serializer.serialize_pairs([serializer.encode_pair(i) for i in row]),
+          packing.nsp_row_features(row, length, slots, CLS, SEP, PAD))
+  if slots == 1:  # FULL-SENTENCES rows (objective "mlm": K = 1), with a [SEP] inside.
+    for n in (1, 5, length - 2):
+      ids = [rng.choice([5, 200, 20000, SEP]) for _ in range(n)]
+      sentences = packing.SentencesRow(ids, [int(t != SEP) for t in ids])
+      check(serializer.serialize_sentences(serializer.encode_sentences(sentences)),
+            packing.sentences_row_features(sentences, length, CLS, SEP, PAD))
   with pytest.raises(ValueError, match="vocab size"):
-    serializer.serialize(ex.Instance([70000], [1], [5], [1], False, 13), CLS, SEP)
+    serializer.encode_pair(ex.Instance([70000], [1], [5], [1], False, 13))
+  with pytest.raises(ValueError, match="exceeds max_seq_length"):
+    serializer.serialize_pairs([serializer.encode_pair(
+        ex.Instance([5] * length, [1] * length, [5], [1], False, 13))])
+  with pytest.raises(ValueError, match=f"1 to {slots} examples"):
+    serializer.serialize_pairs([serializer.encode_pair(random_instance(rng, 1))] * (slots + 1))
 
 
 def test_validation_assignment_by_hash():
@@ -302,11 +388,15 @@ def test_validation_assignment_by_hash():
 
 def test_dupe_passes_differ_and_seed_determinism():
   docs = make_corpus(20, seed=6)
-  once = build_features(docs, seed=1, dupe_factor=1)
-  twice = build_features(docs, seed=1, dupe_factor=2)
+  once = build_instances(docs, seed=1, dupe_factor=1)
+  twice = build_instances(docs, seed=1, dupe_factor=2)
   assert twice[:len(once)] == once and twice[len(once):] != once
-  assert build_features(docs, seed=1) == once
-  assert build_features(docs, seed=2) != once
+  assert build_instances(docs, seed=1) == once
+  assert build_instances(docs, seed=2) != once
+  # Rows: the same seed gives the same rows (shuffle and packing included), another seed not.
+  rows = build_rows(docs, seed=1, dupe_factor=2, max_examples_per_row=3)
+  assert build_rows(docs, seed=1, dupe_factor=2, max_examples_per_row=3) == rows
+  assert build_rows(docs, seed=2, dupe_factor=2, max_examples_per_row=3) != rows
 
 
 def _read_records(dataset_dir):
@@ -315,8 +405,10 @@ def _read_records(dataset_dir):
   return list(tfds_builder.data_source(dataset_dir, ex.TRAIN, raw=True))
 
 
-@pytest.mark.parametrize("block_chars", [3000, 1])  # 1: every block holds one document.
-def test_prepared_output_independent_of_worker_count(tmp_path, block_chars):
+# block_chars=1: every block holds one document.
+@pytest.mark.parametrize("block_chars,objective", [(3000, "mlm_nsp"), (1, "mlm_nsp"),
+                                                   (3000, "mlm")])
+def test_prepared_output_independent_of_worker_count(tmp_path, block_chars, objective):
   from bert_jax.data import prepare
 
   docs = make_corpus(60, seed=7, sentences=(3, 12))
@@ -325,17 +417,26 @@ def test_prepared_output_independent_of_worker_count(tmp_path, block_chars):
     return prepare.prepare_dataset(
         str(tmp_path / name), lambda: iter(docs), FakeTokenizer(), max_seq_length=48,
         dupe_factor=2, validation_fraction=0.2, seed=seed, num_workers=num_workers,
-        block_chars=block_chars)
+        block_chars=block_chars, objective=objective, max_examples_per_row=3)
 
   meta_inline = run("inline", 0)
   meta_pool = run("pool", 2)
-  assert meta_inline["num_examples"] == meta_pool["num_examples"]
+  assert meta_inline["splits"] == meta_pool["splits"]
   assert meta_inline["stats"] == meta_pool["stats"]
-  assert meta_inline["num_examples"]["validation"] > 0
+  assert meta_inline["splits"]["validation"]["rows"] > 0
+  assert meta_inline["max_examples_per_row"] == (3 if objective == "mlm_nsp" else 1)
   neighbour_draws = meta_inline["stats"][ex.TRAIN]["random_next_neighbour"]
-  assert neighbour_draws > 0 if block_chars == 1 else neighbour_draws == 0
+  assert neighbour_draws > 0 if block_chars == 1 and objective == "mlm_nsp" else (
+      neighbour_draws == 0)
+  train = meta_inline["splits"]["train"]
+  assert train["fill_rate"] == pytest.approx(train["real_tokens"] / (train["rows"] * 48),
+                                             abs=1e-6)
+  # With blocks of one document, a block's examples rarely fill whole rows; FULL-SENTENCES rows
+  # of whole sentences leave a gap of about half a sentence.
+  assert train["fill_rate"] > {1: 0.6, 3000: 0.9 if objective == "mlm_nsp" else 0.8}[
+      block_chars], train
   records = _read_records(str(tmp_path / "inline"))
-  assert len(records) == meta_inline["num_examples"]["train"]
+  assert len(records) == train["rows"]
   assert records == _read_records(str(tmp_path / "pool"))
   run("other_seed", 0, seed=1)
   assert _read_records(str(tmp_path / "other_seed")) != records
@@ -361,11 +462,10 @@ def check_random_b_sources(examples, docs):
   """
   flats = flat_tokens(tokenized(docs))
   checked = 0
-  for f in examples:
-    if not f[ex.LABEL_NAME]:
+  for instance in examples:
+    if not instance.is_random_next:
       continue
-    a, b, _ = split_pair(f)
-    a, b = tuple(a), tuple(b)
+    a, b = tuple(instance.ids_a), tuple(instance.ids_b)
     homes = [k for k, flat in enumerate(flats) if contains(flat, a)]
     assert len(homes) == 1, homes
     assert not contains(flats[homes[0]], b), (homes, b)
@@ -396,13 +496,15 @@ def test_random_b_from_another_document_in_blocks_of_one_document():
   docs = make_corpus(8, seed=10, sentences=(5, 30))
   settings = ex.ExampleSettings(max_seq_length=48, dupe_factor=3, validation_fraction=0.0,
                                 block_chars=1)
-  examples = list(ex.iter_examples(docs, FakeTokenizer(), settings, ex.TRAIN))
-  assert check_random_b_sources(examples, docs) > 100
+  examples = []
   stats = ex.BlockStats()
   for block in ex.iter_document_blocks(docs, validation_fraction=0.0, block_chars=1):
-    instances, block_stats = ex.build_block(block, FakeTokenizer(), settings)
-    assert sum(1 for _ in instances) > 0
+    instances, block_stats = ex.build_instances(block, FakeTokenizer(), settings)
+    instances = list(instances)
+    assert instances
+    examples += instances
     stats.add(block_stats)
+  assert check_random_b_sources(examples, docs) > 100
   assert stats.random_next == stats.random_next_neighbour > 100
   assert stats.random_next_to_continuation == stats.random_next_skipped == 0
 
@@ -421,11 +523,11 @@ def test_random_b_from_another_document_when_the_last_block_holds_one():
   assert blocks[-1].neighbours == blocks[-2].documents
   settings = ex.ExampleSettings(max_seq_length=48, dupe_factor=5, validation_fraction=0.0,
                                 block_chars=block_chars)
-  instances, stats = ex.build_block(blocks[-1], FakeTokenizer(), settings)
-  last_examples = [ex.instance_to_features(i, 48, CLS, SEP, PAD) for i in instances]
+  instances, stats = ex.build_instances(blocks[-1], FakeTokenizer(), settings)
+  last_examples = list(instances)
   assert stats.random_next == stats.random_next_neighbour > 0
   assert check_random_b_sources(last_examples, docs) == stats.random_next
-  examples = list(ex.iter_examples(docs, FakeTokenizer(), settings, ex.TRAIN))
+  examples = build_instances(docs, max_seq_length=48, dupe_factor=5, block_chars=block_chars)
   assert examples[-len(last_examples):] == last_examples
   assert check_random_b_sources(examples, docs) > 50
 
@@ -437,20 +539,22 @@ def test_split_of_one_document_never_labels_its_own_text_random():
   settings = ex.ExampleSettings(max_seq_length=48, short_seq_prob=0.3, dupe_factor=10,
                                 validation_fraction=0.0)
   (block,) = ex.iter_document_blocks(docs, validation_fraction=0.0, block_chars=10**9)
-  instances, stats = ex.build_block(block, FakeTokenizer(), settings)
-  examples = [ex.instance_to_features(i, 48, CLS, SEP, PAD) for i in instances]
+  instances, stats = ex.build_instances(block, FakeTokenizer(), settings)
+  examples = list(instances)
   assert examples and stats.examples == len(examples)
   assert stats.random_next == stats.random_next_neighbour == 0
   assert stats.random_next_to_continuation > 10 and stats.random_next_skipped > 0
-  for f in examples:
-    assert f[ex.LABEL_NAME] == 0
-    a, b, _ = split_pair(f)
+  for instance in examples:
+    assert not instance.is_random_next
+    a, b, _ = split_pair(instance)
     if sentence_indices(a) and sentence_indices(b):
       assert sentence_indices(a)[-1] < sentence_indices(b)[0]
   # A document of one sentence: its only chunk can have neither B.
   (block,) = ex.iter_document_blocks([["d0 s0 w1 w2"]], validation_fraction=0.0, block_chars=1)
-  instances, stats = ex.build_block(block, FakeTokenizer(), settings)
+  instances, stats = ex.build_instances(block, FakeTokenizer(), settings)
   assert list(instances) == [] and stats.random_next_skipped == settings.dupe_factor
+  rows, stats = ex.build_block(block, FakeTokenizer(), settings)
+  assert rows == [] and stats.rows == 0
 
 
 def test_few_documents_differ_from_original_only_where_it_takes_a_own_document():
@@ -478,3 +582,150 @@ def test_few_documents_differ_from_original_only_where_it_takes_a_own_document()
     deviations += 1
   # 12: ~20k random-next chunks here, each with 1/1024 odds; a document counts once.
   assert deviations >= 10
+
+
+# ---------------------------------------------------------------- packing
+
+
+def check_packing(lengths, capacity, max_per_row):
+  rows = packing.pack(lengths, capacity, max_per_row)
+  assert sorted(i for row in rows for i in row) == list(range(len(lengths)))  # Each once.
+  for row in rows:
+    assert 1 <= len(row) <= max_per_row and sum(lengths[i] for i in row) <= capacity
+    assert row == sorted(row)
+  assert [row[0] for row in rows] == sorted(row[0] for row in rows)
+  return rows
+
+
+def test_pack_small_cases():
+  assert packing.pack([], 10, 3) == []
+  # Longest first, each into the fullest row that holds it: 7+3 | 6+4 | 5+2.
+  assert packing.pack([5, 3, 7, 2, 6, 4], 10, 3) == [[0, 3], [1, 2], [4, 5]]
+  assert packing.pack([2, 2, 2, 2], 10, 3) == [[0, 1, 2], [3]]
+  assert packing.pack([2, 2, 2, 2], 10, 2) == [[0, 1], [2, 3]]  # K closes rows.
+  assert packing.pack([4, 4, 4], 10, 1) == [[0], [1], [2]]  # K = 1: one item a row.
+  assert packing.pack([10, 10], 10, 4) == [[0], [1]]
+
+
+@pytest.mark.parametrize("max_per_row", [1, 2, 4, 8])
+def test_pack_random_lengths(max_per_row):
+  rng = random.Random(max_per_row)
+  capacity = 128
+  # Like NSP examples: many full rows, a tail of short ones.
+  lengths = [capacity if rng.random() < 0.3 else rng.randint(5, capacity) for _ in range(3000)]
+  rows = check_packing(lengths, capacity, max_per_row)
+  assert check_packing(lengths, capacity, max_per_row) == rows  # Deterministic.
+  fill = sum(lengths) / (len(rows) * capacity)
+  lower_bound = max(-(-sum(lengths) // capacity), -(-len(lengths) // max_per_row))
+  if max_per_row == 1:
+    assert len(rows) == len(lengths)
+  else:  # Best fit decreasing is within a few percent of the bound here.
+    assert len(rows) <= 1.03 * lower_bound + 1, (len(rows), lower_bound, fill)
+  # A row's place follows its first item, not its lengths: long and short rows interleave.
+  first_half = [sum(lengths[i] for i in row) for row in rows[:len(rows) // 2]]
+  second_half = [sum(lengths[i] for i in row) for row in rows[len(rows) // 2:]]
+  assert abs(np.mean(first_half) - np.mean(second_half)) < 0.1 * capacity
+
+
+def test_pack_bad_input():
+  with pytest.raises(ValueError, match=r"item 2 has length 11, outside \[1, 10\]"):
+    packing.pack([3, 10, 11], 10, 2)
+  with pytest.raises(ValueError, match="item 0 has length 0"):
+    packing.pack([0], 10, 2)
+  with pytest.raises(ValueError, match="max_per_row=0"):
+    packing.pack([1], 10, 0)
+  with pytest.raises(ValueError, match="capacity=0"):
+    packing.pack([1], 0, 1)
+  with pytest.raises(ValueError, match="1 to 2 examples"):
+    packing.nsp_row_features([ex.Instance([5], [1], [6], [1], False, 3)] * 3, 32, 2, CLS, SEP,
+                             PAD)
+
+
+def test_settings_validation():
+  ex.ExampleSettings(objective="mlm", max_examples_per_row=7).validate()
+  assert ex.ExampleSettings(objective="mlm", max_examples_per_row=7).examples_per_row == 1
+  assert ex.ExampleSettings(max_examples_per_row=7).examples_per_row == 7
+  with pytest.raises(ValueError, match="max_examples_per_row=0 must be >= 1.*--max_examples"):
+    ex.ExampleSettings(max_examples_per_row=0).validate()
+  with pytest.raises(ValueError, match="objective='nsp' is not one of.*--objective"):
+    ex.ExampleSettings(objective="nsp").validate()
+
+
+# ---------------------------------------------------------------- FULL-SENTENCES (objective mlm)
+
+
+def test_full_sentence_rows():
+  docs = tokenized(make_corpus(30, seed=14, sentences=(1, 12), words=(1, 12)))
+  length = 48
+  rows, num_cut = packing.full_sentence_rows(docs, length, SEP)
+  # Full rows: every row but the last holds exactly L - 2 pieces.
+  assert all(len(row.ids) == length - 2 for row in rows[:-1]) and 0 < len(rows[-1].ids)
+  assert all(len(row.ids) == len(row.word_starts) for row in rows)
+  # Read back: the documents' text in order, contiguous, a [SEP] between documents that meet
+  # inside a row (never at a row's edge).
+  restored = [t for row in rows for t in row.ids]
+  stream = []
+  for doc in docs:
+    if stream and len(stream) % (length - 2):
+      stream.append(SEP)
+    stream += [t for ids, _ in doc for t in ids]
+  assert restored == stream
+  assert all(row.ids[0] != SEP and row.ids[-1] != SEP for row in rows)
+  # Sentences cut at a row end continue at the start of the next row; they are counted.
+  sentence_ends, position = set(), 0
+  for doc_index, doc in enumerate(docs):
+    position += bool(doc_index) and bool(position % (length - 2))
+    for ids, _ in doc:
+      position += len(ids)
+      sentence_ends.add(position)
+  boundaries = [(length - 2) * (r + 1) for r in range(len(rows) - 1)]
+  assert num_cut == sum(b not in sentence_ends for b in boundaries) > 0
+  word_starts = [s for row in rows for t, s in zip(row.ids, row.word_starts) if t != SEP]
+  assert word_starts == [s for doc in docs for _, starts in doc for s in starts]
+  for row in rows:
+    features = packing.sentences_row_features(row, length, CLS, SEP, PAD)
+    n = len(row.ids) + 2
+    assert features["input_ids"] == [CLS, *row.ids, SEP] + [PAD] * (length - n)
+    assert features["segment_ids"] == [1] * n + [0] * (length - n)
+    assert features["position_ids"] == list(range(n)) + [0] * (length - n)
+    assert features["token_type_ids"] == [0] * length
+    assert features["word_starts"] == [0, *row.word_starts, 0] + [0] * (length - n)
+    assert (features["cls_positions"], features["next_sentence_label"],
+            features["nsp_weights"]) == ([0], [0], [0])
+
+
+def test_full_sentence_rows_continue_long_sentences():
+  doc_a = [(list(range(10, 15)), [1] * 5), (list(range(100, 125)), [1] * 25)]
+  doc_b = [(list(range(200, 203)), [1, 0, 1])]
+  rows, num_cut = packing.full_sentence_rows([doc_a, doc_b], 12, SEP)
+  assert num_cut == 2  # The 25-piece sentence spans three rows.
+  assert [row.ids for row in rows] == [
+      [*range(10, 15), *range(100, 105)], list(range(105, 115)), list(range(115, 125)),
+      [SEP, 200, 201, 202][1:]]  # Its document ended at a row boundary: no [SEP].
+  assert rows[-1].word_starts == [1, 0, 1]
+
+
+def test_mlm_block_rows():
+  docs = make_corpus(40, seed=15, sentences=(2, 10))
+  settings = settings_for(max_seq_length=64, dupe_factor=2, objective="mlm")
+  (block,) = ex.iter_document_blocks(docs, validation_fraction=0.0, block_chars=10**9)
+  rows, stats = ex.build_block(block, FakeTokenizer(), settings)
+  assert stats.rows == stats.examples == len(rows) and stats.random_next == 0
+  assert stats.real_tokens == sum(map(packing.sentences_row_length, rows))
+  # Full rows but each pass's last one.
+  assert stats.real_tokens > (stats.rows - 2) * 64
+  # Each pass holds every token once; the passes order the documents differently.
+  tokens = sum(len(ids) for doc in tokenized(docs) for ids, _ in doc)
+  assert sum(t != SEP for row in rows for t in row.ids) == 2 * tokens
+  passes = []
+  for pass_index in range(2):
+    order = list(range(len(docs)))
+    random.Random(ex.block_seed(0, ex.TRAIN, pass_index, 0)).shuffle(order)
+    passes.append(packing.full_sentence_rows([tokenized(docs)[i] for i in order], 64, SEP)[0])
+  assert passes[0] != passes[1]
+  assert sorted(rows) == sorted(passes[0] + passes[1])  # The passes' rows, shuffled together.
+  assert rows != passes[0] + passes[1]
+  features = [ex.row_features(row, settings, FakeTokenizer()) for row in rows]
+  assert all(f["nsp_weights"] == [0] and f["segment_ids"][0] == 1 for f in features)
+  assert build_rows(docs, max_seq_length=64, dupe_factor=2, objective="mlm",
+                    max_examples_per_row=5) == features  # K plays no part in "mlm".

@@ -455,7 +455,7 @@ def test_load_pretrained_from_a_real_training_run(tmp_path):
                                           num_attention_heads=2, intermediate_size=64).items()},
       **{"data.source": "synthetic", "data.max_seq_length": 32, "train.num_train_steps": 2,
          "train.batch_size": 8, "train.eval_every_steps": 0, "logging.tensorboard": False,
-         "masking.max_predictions_per_seq": 4})
+         "masking.max_predictions_per_seq": 5})
   result = _run(TRAIN, f"--config={os.path.join(ROOT, 'configs', 'tiny.py')}",
                 *[f"--config.{k}={v}" for k, v in overrides.items()], f"--workdir={workdir}")
   assert result.returncode == 0, result.stderr[-3000:]

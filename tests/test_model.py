@@ -178,11 +178,13 @@ def test_loss_counts_exactly_the_selected_positions(random_model):
   labels = np.take_along_axis(ids, positions, axis=1)
   weights = np.array([[1, 1, 0, 0], [1, 1, 1, 0]], np.float32)
   batch = dict(masked_lm_ids=labels, masked_lm_weights=weights,
-               next_sentence_label=np.array([0, 1], np.int32))
+               next_sentence_label=np.array([0, 1], np.int32),
+               nsp_weights=np.ones((2,), np.float32))
 
   def loss_of(labels_):
     out = _ours(params, corrupted, types, mask, positions, config)
-    return losses.pretraining_loss(out, {**batch, "masked_lm_ids": labels_})
+    sums = losses.pretraining_sums(out, {**batch, "masked_lm_ids": labels_})
+    return losses.pretraining_loss(sums), sums
 
   loss, sums = loss_of(labels)
   assert float(sums["mlm_count"]) == 5.0
@@ -271,3 +273,57 @@ def test_all_padding_row_is_finite_and_padding_is_invisible(random_model, dtype,
                     deterministic=deterministic, rngs=rngs)
   np.testing.assert_array_equal(other["mlm_logits"], ref["mlm_logits"])
   np.testing.assert_array_equal(other["nsp_logits"], ref["nsp_logits"])
+
+
+def _packed_row(examples, length):
+  """[(ids, types)] -> one packed row: input ids, token types, segment ids, positions
+  restarting per example, [CLS] positions, each example's start."""
+  row = {name: np.zeros((1, length), np.int32) for name in ("ids", "types", "segments",
+                                                            "positions")}
+  starts, cursor = [], 0
+  for k, (ids, types) in enumerate(examples, start=1):
+    n = len(ids)
+    row["ids"][0, cursor:cursor + n] = ids
+    row["types"][0, cursor:cursor + n] = types
+    row["segments"][0, cursor:cursor + n] = k
+    row["positions"][0, cursor:cursor + n] = np.arange(n)
+    starts.append(cursor)
+    cursor += n
+  return row, starts
+
+
+def test_packed_examples_equal_each_example_alone_and_never_see_each_other(random_model):
+  """No cross-contamination: a packed row's per-example MLM and NSP logits equal each example
+  run alone with the same masked positions; changing one example changes no other's outputs."""
+  config, params = random_model
+  model = BertForPreTraining(config)
+  rng = np.random.default_rng(7)
+  examples, targets = [], []
+  for n_a, n_b in ((3, 4), (5, 5), (2, 2)):
+    ids = np.concatenate([[CLS], rng.integers(5, SMALL["vocab_size"], n_a), [SEP],
+                          rng.integers(5, SMALL["vocab_size"], n_b), [SEP]]).astype(np.int32)
+    ids[[1, n_a + 2]] = MASK
+    examples.append((ids, np.asarray([0] * (n_a + 2) + [1] * (n_b + 1), np.int32)))
+    targets.append([1, n_a + 2])  # Two masked positions per example.
+  length = 32
+  row, starts = _packed_row(examples, length)
+  masked = np.asarray([[s + t for s, ts in zip(starts, targets) for t in ts]], np.int32)
+  packed = model.apply({"params": params}, row["ids"], row["types"], row["segments"], masked,
+                       position_ids=row["positions"], cls_positions=np.asarray([starts]))
+  assert packed["nsp_logits"].shape == (1, 3, 2)
+  for k, (example, example_targets) in enumerate(zip(examples, targets)):
+    alone, _ = _packed_row([example], length)
+    out = model.apply({"params": params}, alone["ids"], alone["types"], alone["segments"],
+                      np.asarray([example_targets], np.int32))
+    np.testing.assert_allclose(packed["mlm_logits"][0, 2 * k:2 * k + 2], out["mlm_logits"][0],
+                               atol=1e-5, rtol=0)
+    np.testing.assert_allclose(packed["nsp_logits"][0, k], out["nsp_logits"][0], atol=1e-5, rtol=0)
+
+  changed = row["ids"].copy()
+  changed[0, starts[1] + 3:starts[2] - 1] = 7  # Example 2's tokens (not its [CLS]/[SEP]).
+  other = model.apply({"params": params}, changed, row["types"], row["segments"], masked,
+                      position_ids=row["positions"], cls_positions=np.asarray([starts]))
+  np.testing.assert_array_equal(other["mlm_logits"][0, [0, 1, 4, 5]],
+                                packed["mlm_logits"][0, [0, 1, 4, 5]])
+  np.testing.assert_array_equal(other["nsp_logits"][0, [0, 2]], packed["nsp_logits"][0, [0, 2]])
+  assert np.abs(np.asarray(other["nsp_logits"][0, 1] - packed["nsp_logits"][0, 1])).max() > 1e-4

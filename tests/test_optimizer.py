@@ -121,6 +121,7 @@ def test_100_steps_equal_the_original_optimizer_on_a_small_model():
       "masked_lm_ids": jnp.asarray(rng.integers(5, 64, (4, 3)), jnp.int32),
       "masked_lm_weights": jnp.ones((4, 3), jnp.float32),
       "next_sentence_label": jnp.asarray([0, 1, 0, 1], jnp.int32),
+      "nsp_weights": jnp.ones((4,), jnp.float32),
   }
   params = model.init(jax.random.key(0), batch["input_ids"], batch["token_type_ids"],
                       batch["attention_mask"], batch["masked_lm_positions"])["params"]
@@ -132,7 +133,7 @@ def test_100_steps_equal_the_original_optimizer_on_a_small_model():
     def loss(p):
       outputs = model.apply({"params": p}, batch["input_ids"], batch["token_type_ids"],
                             batch["attention_mask"], batch["masked_lm_positions"])
-      return losses.pretraining_loss(outputs, batch)[0]
+      return losses.pretraining_loss(losses.pretraining_sums(outputs, batch))
     return jax.grad(loss)(p)
 
   config = _train_config()

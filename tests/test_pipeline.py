@@ -14,6 +14,7 @@ import pytest
 
 from bert_jax.data import corpus
 from bert_jax.data import examples as ex
+from bert_jax.data import packing
 from bert_jax.data import pipeline
 from bert_jax.data import prepare
 from bert_jax.data import tfds_builder
@@ -23,7 +24,8 @@ from configs import tiny
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ("the model reads text and learns which sentence comes next while masked words are "
          "predicted from their context in every layer of the network on each step").split()
-LENGTH = 32
+LENGTH = 64
+SLOTS = 3  # K of the prepared dataset.
 
 
 def write_corpus(path: str, num_docs: int, seed: int) -> str:
@@ -49,16 +51,43 @@ def prepared(tmp_path_factory):
   stats = corpus.CorpusStats()
   meta = prepare.prepare_dataset(
       dataset_dir, lambda: corpus.iter_bert_format(text, stats), vocab, max_seq_length=LENGTH,
-      dupe_factor=2, validation_fraction=0.2, seed=0, num_workers=0, corpus_stats=stats,
-      corpus_fingerprint="test")
-  assert meta["num_examples"]["train"] > 300 and meta["num_examples"]["validation"] > 40
+      dupe_factor=2, validation_fraction=0.2, seed=0, max_examples_per_row=SLOTS, num_workers=0,
+      corpus_stats=stats, corpus_fingerprint="test")
+  assert meta["splits"]["train"]["rows"] > 200 and meta["splits"]["validation"]["rows"] > 30
   return dataset_dir, text, vocab
 
 
 def rows(batch):
-  """Hashable identity of each example of a batch."""
+  """Hashable identity of each row of a batch."""
   return [tuple(batch["input_ids"][i]) + tuple(batch["token_type_ids"][i]) +
-          (int(batch["next_sentence_label"][i]),) for i in range(len(batch["input_ids"]))]
+          tuple(batch["segment_ids"][i]) + tuple(batch["next_sentence_label"][i])
+          for i in range(len(batch["input_ids"]))]
+
+
+def check_nsp_rows(batch, cls_id, sep_id, pad_id):
+  """The layout of packed NSP rows, from the batch alone."""
+  for i in range(len(batch["input_ids"])):
+    ids, segments = batch["input_ids"][i], batch["segment_ids"][i]
+    positions, types = batch["position_ids"][i], batch["token_type_ids"][i]
+    weights = batch["nsp_weights"][i]
+    num_examples = int(weights.sum())
+    assert num_examples >= 1 and (weights == (np.arange(len(weights)) < num_examples)).all()
+    assert (ids[segments == 0] == pad_id).all() and (positions[segments == 0] == 0).all()
+    assert (types[segments == 0] == 0).all() and (batch["word_starts"][i][segments == 0] == 0).all()
+    assert (batch["cls_positions"][i][num_examples:] == 0).all()
+    assert (batch["next_sentence_label"][i][num_examples:] == 0).all()
+    for k in range(1, num_examples + 1):
+      span = np.flatnonzero(segments == k)
+      start = batch["cls_positions"][i][k - 1]
+      assert span[0] == start and (np.diff(span) == 1).all()  # Contiguous, from its [CLS].
+      assert (positions[span] == np.arange(len(span))).all()
+      example = ids[span]
+      seps = np.flatnonzero(example == sep_id)
+      assert example[0] == cls_id and len(seps) == 2 and seps[1] == len(span) - 1
+      assert (types[span] == (np.arange(len(span)) > seps[0])).all()
+      assert batch["word_starts"][i][span][[0, seps[0], seps[1]]].sum() == 0
+    real = int((segments > 0).sum())
+    assert (segments[:real] > 0).all() and (segments[real:] == 0).all()  # Padding at the end.
 
 
 def all_rows(dataset_dir, split):
@@ -89,14 +118,22 @@ def test_meta_vocab_and_batch_contract(prepared):
   assert meta["vocab_size"] == vocab.size == 300 and meta["max_seq_length"] == LENGTH
   assert (meta["pad_id"], meta["cls_id"], meta["sep_id"], meta["mask_id"]) == (0, 2, 3, 4)
   assert meta["settings"]["dupe_factor"] == 2 and meta["corpus_stats"]["documents"] == 150
+  assert meta["format_version"] == prepare.FORMAT_VERSION == 3
+  assert (meta["objective"], meta["max_examples_per_row"]) == ("mlm_nsp", SLOTS)
+  train = meta["splits"]["train"]
+  assert train["examples"] == meta["stats"]["train"]["examples"] > train["rows"]
+  assert train["fill_rate"] == pytest.approx(train["real_tokens"] / (train["rows"] * LENGTH),
+                                             abs=1e-6)
+  assert train["fill_rate"] > 0.9
   assert prepare.load_vocab(dataset_dir).size == 300
   batch = next(train_iterator(dataset_dir))
-  for name in ex.FEATURE_NAMES:
+  assert set(batch) == {*packing.TOKEN_FEATURES, *packing.SLOT_FEATURES}  # No attention_mask.
+  for name in packing.TOKEN_FEATURES:
     assert batch[name].shape == (8, LENGTH) and batch[name].dtype == np.int32
-  assert batch["next_sentence_label"].shape == (8,)
-  assert batch["next_sentence_label"].dtype == np.int32
-  assert (batch["input_ids"][:, 0] == vocab.cls_id).all()
-  assert ((batch["input_ids"] == vocab.sep_id).sum(1) == 2).all()
+  for name in packing.SLOT_FEATURES:
+    assert batch[name].shape == (8, SLOTS)
+    assert batch[name].dtype == (np.float32 if name == "nsp_weights" else np.int32)
+  check_nsp_rows(batch, vocab.cls_id, vocab.sep_id, vocab.pad_id)
   # Our batch decoder agrees with TFDS's per-example decoding.
   source = tfds_builder.data_source(dataset_dir, ex.TRAIN)
   raw = tfds_builder.data_source(dataset_dir, ex.TRAIN, raw=True)
@@ -198,11 +235,11 @@ def test_tfds_generator_path_matches_streamed_writer(prepared, tmp_path):
   """TFDS's own download_and_prepare of the builder gives the same examples as our writer."""
   dataset_dir, text, vocab = prepared
   settings = ex.ExampleSettings(max_seq_length=LENGTH, dupe_factor=2, validation_fraction=0.2,
-                                seed=0)
+                                seed=0, max_examples_per_row=SLOTS)
   builder = tfds_builder.BertPretraining(
-      max_seq_length=LENGTH, data_dir=str(tmp_path / "tfds"),
-      examples_fn=lambda split: ex.iter_examples(corpus.iter_bert_format(text), vocab,
-                                                 settings, split))
+      max_seq_length=LENGTH, max_examples_per_row=SLOTS, data_dir=str(tmp_path / "tfds"),
+      examples_fn=lambda split: ex.iter_rows(corpus.iter_bert_format(text), vocab, settings,
+                                             split))
   builder.download_and_prepare()
   for split in ex.SPLITS:
     source = builder.as_data_source(split=split)
@@ -210,22 +247,25 @@ def test_tfds_generator_path_matches_streamed_writer(prepared, tmp_path):
     assert collections.Counter(reference) == collections.Counter(all_rows(dataset_dir, split))
 
 
-def test_synthetic_iterator():
+@pytest.mark.parametrize("slots", [1, 3])
+def test_synthetic_iterator(slots):
   def make(**kwargs):
-    args = dict(global_batch_size=8, seq_len=16, vocab_size=50, pad_id=0, cls_id=2, sep_id=3,
-                special_ids=(0, 1, 2, 3, 4), seed=0, process_index=0, process_count=2)
+    args = dict(global_batch_size=8, seq_len=24, vocab_size=50, pad_id=0, cls_id=2, sep_id=3,
+                special_ids=(0, 1, 2, 3, 4), seed=0, process_index=0, process_count=2,
+                max_examples_per_row=slots)
     return pipeline.make_synthetic_iterator(**{**args, **kwargs})
 
   iterator = make()
   batch = next(iterator)
-  assert batch["input_ids"].shape == (4, 16) and batch["next_sentence_label"].shape == (4,)
-  for i in range(4):
-    ids, types, mask = batch["input_ids"][i], batch["token_type_ids"][i], batch["attention_mask"][i]
-    n = mask.sum()
-    seps = np.flatnonzero(ids == 3)
-    assert ids[0] == 2 and len(seps) == 2 and seps[1] == n - 1 and (ids[n:] == 0).all()
-    assert (types[:seps[0] + 1] == 0).all() and (types[seps[0] + 1:n] == 1).all()
-    assert not np.isin(ids[1:n], [0, 1, 2, 4]).any() and batch["word_starts"][i][seps].sum() == 0
+  assert set(batch) == {*packing.TOKEN_FEATURES, *packing.SLOT_FEATURES}
+  assert batch["input_ids"].shape == (4, 24) and batch["next_sentence_label"].shape == (4, slots)
+  assert batch["nsp_weights"].dtype == np.float32
+  check_nsp_rows(batch, cls_id=2, sep_id=3, pad_id=0)
+  real = batch["segment_ids"] > 0
+  assert not np.isin(batch["input_ids"][real], [0, 1, 4]).any()
+  many = [next(iterator) for _ in range(10)]
+  examples_per_row = np.concatenate([b["nsp_weights"].sum(1) for b in many])
+  assert examples_per_row.max() == slots and examples_per_row.min() == 1
   state = iterator.get_state()
   expected = take(iterator, 2)
   restored = make()
@@ -238,14 +278,56 @@ def test_synthetic_iterator():
     np.testing.assert_array_equal(np.concatenate([batch[name], other_host[name]]), whole[name])
 
 
+def test_mlm_objective_rows(prepared, tmp_path):
+  """FULL-SENTENCES rows: one segment, positions over the row, no NSP, full."""
+  _, text, vocab = prepared
+  dataset_dir = str(tmp_path / "mlm")
+  meta = prepare.prepare_dataset(
+      dataset_dir, lambda: corpus.iter_bert_format(text), vocab, max_seq_length=LENGTH,
+      dupe_factor=2, validation_fraction=0.2, seed=0, objective="mlm", max_examples_per_row=4,
+      num_workers=0)
+  assert (meta["objective"], meta["max_examples_per_row"]) == ("mlm", 1)
+  assert meta["settings"]["max_examples_per_row"] == 1
+  train = meta["splits"]["train"]
+  # Contiguous text cut into full rows: only each block pass's last row is short.
+  assert train["rows"] == train["examples"] and train["fill_rate"] > 0.9
+  pipeline.check_dataset_matches(meta, 300, LENGTH, "mlm", 4)
+  batch = next(train_iterator(dataset_dir))
+  assert batch["cls_positions"].shape == (8, 1)
+  segments, positions = batch["segment_ids"], batch["position_ids"]
+  lengths = segments.sum(1)
+  assert set(np.unique(segments)) <= {0, 1}
+  assert ((positions == np.arange(LENGTH)) | (segments == 0)).all()
+  assert (batch["input_ids"][:, 0] == vocab.cls_id).all()
+  assert (batch["input_ids"][np.arange(8), lengths - 1] == vocab.sep_id).all()
+  assert (batch["token_type_ids"] == 0).all()
+  assert (batch["nsp_weights"] == 0).all() and (batch["next_sentence_label"] == 0).all()
+  assert (batch["cls_positions"] == 0).all()
+  everything = all_rows(dataset_dir, ex.VALIDATION)
+  evaluated = [r for b in pipeline.make_eval_batches(dataset_dir, global_batch_size=8,
+                                                     process_index=0, process_count=1)
+               for r, w in zip(rows(b), b["example_weight"]) if w]
+  assert collections.Counter(evaluated) == collections.Counter(everything)
+
+
 def test_dataset_mismatch_and_batch_errors(prepared):
   dataset_dir = prepared[0]
   meta = prepare.load_meta(dataset_dir)
-  pipeline.check_dataset_matches(meta, 300, LENGTH)
+  pipeline.check_dataset_matches(meta, 300, LENGTH, "mlm_nsp", SLOTS)
   with pytest.raises(ValueError, match=r"300.*config.model.vocab_size=512.*--config.model"):
-    pipeline.check_dataset_matches(meta, 512, LENGTH)
-  with pytest.raises(ValueError, match=r"32.*config.data.max_seq_length=128.*--config.data"):
-    pipeline.check_dataset_matches(meta, 300, 128)
+    pipeline.check_dataset_matches(meta, 512, LENGTH, "mlm_nsp", SLOTS)
+  with pytest.raises(ValueError, match=r"64.*config.data.max_seq_length=128.*--config.data"):
+    pipeline.check_dataset_matches(meta, 300, 128, "mlm_nsp", SLOTS)
+  with pytest.raises(ValueError, match=r"packs up to 3 examples per row but "
+                     r"config.data.max_examples_per_row=4: set "
+                     r"--config.data.max_examples_per_row=3 .*--max_examples_per_row=4"):
+    pipeline.check_dataset_matches(meta, 300, LENGTH, "mlm_nsp", 4)
+  with pytest.raises(ValueError, match=r"prepared for objective 'mlm_nsp' but "
+                     r"config.data.objective='mlm': set --config.data.objective=mlm_nsp "
+                     r".*--objective=mlm"):
+    pipeline.check_dataset_matches(meta, 300, LENGTH, "mlm", SLOTS)
+  mlm_meta = {**meta, "objective": "mlm", "max_examples_per_row": 1}
+  pipeline.check_dataset_matches(mlm_meta, 300, LENGTH, "mlm", 4)  # K plays no part in "mlm".
   with pytest.raises(ValueError, match="multiple of the number of processes"):
     train_iterator(dataset_dir, global_batch_size=9, process_count=2)
 
@@ -269,6 +351,17 @@ def test_bad_inputs(prepared, tmp_path):
     prepare.prepare_dataset(str(tmp_path / "out"), lambda: [["   "], []], vocab, num_workers=0)
   with pytest.raises(ValueError, match="max_seq_length"):
     prepare.prepare_dataset(str(tmp_path / "out"), lambda: [], vocab, max_seq_length=4)
+  with pytest.raises(ValueError, match="max_examples_per_row=0 must be >= 1"):
+    prepare.prepare_dataset(str(tmp_path / "out"), lambda: [], vocab, max_examples_per_row=0)
+  with pytest.raises(ValueError, match="objective='nsp' is not one of"):
+    prepare.prepare_dataset(str(tmp_path / "out"), lambda: [], vocab, objective="nsp")
+  old = tmp_path / "old"  # A dataset of an earlier format (unpacked records).
+  old.mkdir()
+  (old / prepare.META_FILE).write_text(json.dumps({"format_version": 1, "vocab_size": 300}))
+  with pytest.raises(ValueError, match="format_version 1 .* reads 3 .*prepare the dataset again"):
+    train_iterator(str(old))
+  (old / prepare.META_FILE).unlink()
+  old.rmdir()
 
   def interrupted():
     yield from corpus.iter_bert_format(text)
@@ -289,7 +382,9 @@ def test_prepare_builtin_is_cached(tmp_path):
   dataset_dir = prepare.prepare_builtin(str(tmp_path / "data"), config, num_workers=0)
   meta = prepare.load_meta(dataset_dir)
   assert meta["vocab_size"] == 400 and meta["corpus_fingerprint"]
-  assert meta["num_examples"]["train"] > 100
+  assert (meta["objective"], meta["max_examples_per_row"]) == (
+      "mlm_nsp", config.data.max_examples_per_row)
+  assert meta["splits"]["train"]["rows"] > 100
   stamp = os.path.getmtime(os.path.join(dataset_dir, prepare.META_FILE))
   found, meta_again = pipeline.resolve_dataset(config, str(tmp_path))  # <workdir>/data.
   assert found == dataset_dir and meta_again == meta
@@ -297,6 +392,15 @@ def test_prepare_builtin_is_cached(tmp_path):
   config.data.dupe_factor = 2  # Another setting: another directory.
   assert prepare.builtin_cache_key(config, "x") != prepare.builtin_cache_key(tiny.get_config(),
                                                                              "x")
+
+  def key(**data):
+    other = tiny.get_config()
+    other.data.update(data)
+    return prepare.builtin_cache_key(other, "x")
+
+  assert len({key(), key(max_examples_per_row=2), key(objective="mlm")}) == 3
+  # "mlm" rows hold one sequence whatever max_examples_per_row says: the same dataset.
+  assert key(objective="mlm", max_examples_per_row=2) == key(objective="mlm")
   config.model.vocab_size = 100_000
   with pytest.raises(ValueError, match="--config.model.vocab_size"):
     prepare.prepare_builtin(str(tmp_path / "data"), config, num_workers=0)
@@ -315,11 +419,13 @@ def test_launcher_subprocess(tmp_path):
   output_dir = str(tmp_path / "dataset")
   done = launch(f"--input={text}", f"--output_dir={output_dir}", "--vocab_size=300",
                 "--vocab_model_type=bpe", "--max_seq_length=32", "--dupe_factor=1",
-                "--num_workers=1")
+                "--max_examples_per_row=2", "--num_workers=1")
   assert done.returncode == 0, done.stderr[-3000:]
   assert "not valid UTF-8" in done.stderr  # Counted and warned, not fatal.
+  assert "train rows" in done.stdout and "real tokens" in done.stdout
   meta = prepare.load_meta(output_dir)
-  assert meta["vocab_size"] == 300 and meta["num_examples"]["train"] > 50
+  assert meta["vocab_size"] == 300 and meta["splits"]["train"]["rows"] > 30
+  assert (meta["objective"], meta["max_examples_per_row"]) == ("mlm_nsp", 2)
   assert meta["corpus_stats"]["invalid_bytes"] == 2
   assert next(train_iterator(output_dir))["input_ids"].shape == (8, 32)
 
@@ -328,6 +434,8 @@ def test_launcher_subprocess(tmp_path):
   assert missing.returncode == 1 and "nope.txt" in missing.stderr
   too_large = launch(f"--input={text}", f"--output_dir={other}", "--vocab_size=50000")
   assert too_large.returncode == 1 and "--vocab_size" in too_large.stderr
+  no_rows = launch(f"--input={text}", f"--output_dir={other}", "--max_examples_per_row=0")
+  assert no_rows.returncode == 1 and "--max_examples_per_row" in no_rows.stderr
   exists = launch(f"--input={text}", f"--output_dir={output_dir}")
   assert exists.returncode == 1 and "--output_dir" in exists.stderr
   no_source = launch(f"--output_dir={other}")

@@ -15,6 +15,7 @@ from configs import tiny
 
 SEQ_LEN = 32
 BATCH = 16
+K = 2  # Examples per row.
 
 
 def _config(**mesh):
@@ -37,16 +38,28 @@ def _config(**mesh):
 
 
 def _batch(seed=0):
+  """Packed rows: two examples [CLS] A [SEP] B [SEP] (positions 0-12 and 13-27) on even rows,
+  one example and padding on odd rows."""
   rng = np.random.default_rng(seed)
   ids = rng.integers(5, 300, size=(BATCH, SEQ_LEN)).astype(np.int32)
-  ids[:, 0], ids[:, 12], ids[:, 25] = 2, 3, 3
-  ids[::2, 26:] = 0  # Padding on half the rows.
+  segments = np.zeros_like(ids)
+  segments[:, :13] = 1
+  segments[::2, 13:28] = 2
+  ids[segments == 0] = 0
+  ids[:, [0, 5, 12]] = [2, 3, 3]
+  ids[::2, 13], ids[::2, 20], ids[::2, 27] = 2, 3, 3
   types = np.zeros_like(ids)
-  types[:, 13:26] = 1
-  return {"input_ids": ids, "token_type_ids": types,
-          "attention_mask": (ids != 0).astype(np.int32),
-          "word_starts": np.ones_like(ids),
-          "next_sentence_label": (np.arange(BATCH) % 2).astype(np.int32)}
+  types[:, 6:13] = 1
+  types[::2, 21:28] = 1
+  positions = np.where(segments == 2, np.arange(SEQ_LEN) - 13, np.arange(SEQ_LEN))
+  positions = np.where(segments == 0, 0, positions).astype(np.int32)
+  nsp_weights = np.ones((BATCH, K), np.float32)
+  nsp_weights[1::2, 1] = 0.0
+  return {"input_ids": ids, "token_type_ids": types, "segment_ids": segments,
+          "position_ids": positions, "word_starts": np.ones_like(ids),
+          "cls_positions": np.tile(np.int32([0, 13]), (BATCH, 1)) * (nsp_weights > 0),
+          "next_sentence_label": rng.integers(0, 2, (BATCH, K)).astype(np.int32),
+          "nsp_weights": nsp_weights}
 
 
 def _run(config, devices, num_steps=3):
@@ -54,7 +67,7 @@ def _run(config, devices, num_steps=3):
   mesh = sharding.make_mesh(config.mesh, devices)
   masking = MaskingConfig.from_config(config.masking, vocab_size=300, mask_token_id=4,
                                       special_token_ids=(0, 1, 2, 3, 4), unk_token_id=1)
-  task = PretrainingTask(BertConfig.from_config(config.model), masking, SEQ_LEN)
+  task = PretrainingTask(BertConfig.from_config(config.model), masking, SEQ_LEN, K)
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
     prog = trainer.make_program(config, task, mesh)
     state = prog.init(jax.random.key(0))

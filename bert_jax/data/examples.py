@@ -20,7 +20,13 @@ corpus size:
   `random_next_skipped`).
 * Each (split, dupe pass, block) has its own RNG seeded from (seed, split, pass, block index),
   so the output depends on the seed and the corpus only, never on the number of workers.
-* The original shuffles all instances at the end; bert_jax shuffles globally at read time.
+* The original shuffles all instances at the end. Here each block's instances (all dupe passes)
+  are shuffled with a seed of the block (`rows_seed`), then packed into rows of up to K
+  examples (`packing.pack`, best fit decreasing; K = `max_examples_per_row`, 1 = one example a
+  row); grain shuffles the rows globally at read time.
+* Objective "mlm" (RoBERTa's FULL-SENTENCES, no NSP) cuts the block's contiguous text into full
+  rows instead (`packing.full_sentence_rows`); each dupe pass takes the block's documents in its own
+  seeded order, so the passes' rows differ (other neighbours, other row boundaries).
 * Documents go to the `validation` split by a hash of their text (`is_validation_document`), so a
   duplicated document never lands in both splits.
 
@@ -42,13 +48,14 @@ from typing import NamedTuple, Protocol
 
 import numpy as np
 
+from bert_jax.data import packing
 from bert_jax.varint import encode_varint
 
 TRAIN = "train"
 VALIDATION = "validation"
 SPLITS = (TRAIN, VALIDATION)
-FEATURE_NAMES = ("input_ids", "token_type_ids", "attention_mask", "word_starts")
-LABEL_NAME = "next_sentence_label"
+# "mlm_nsp": BERT's NSP pairs, packed K to a row; "mlm": RoBERTa's FULL-SENTENCES rows.
+OBJECTIVES = ("mlm_nsp", "mlm")
 
 # A tokenized sentence: (piece ids, word-start flags), equal lengths.
 Segment = tuple[list[int], list[int]]
@@ -86,10 +93,12 @@ class BlockStats:
   sentences: int = 0
   chars: int = 0
   tokens: int = 0
-  examples: int = 0
+  rows: int = 0  # Records written, max_seq_length tokens each.
+  examples: int = 0  # NSP examples in those rows; objective "mlm": rows (one sequence each).
   random_next: int = 0
   short_target: int = 0  # Examples from a document whose target length was drawn short.
-  real_tokens: int = 0  # Non-padding tokens over all examples, specials included.
+  real_tokens: int = 0  # Non-padding tokens over all rows, specials included.
+  sentences_cut: int = 0  # Objective "mlm": sentences longer than a row, cut across rows.
   # Random-next B drawn from a neighbouring block's documents (the block held one document).
   random_next_neighbour: int = 0
   # Chunks that drew random-next with no other document in reach (a split of one document):
@@ -288,24 +297,6 @@ def create_instances_from_document(
   return instances
 
 
-def instance_to_features(
-    instance: Instance, max_seq_length: int, cls_id: int, sep_id: int, pad_id: int
-) -> dict[str, list[int] | int]:
-  """[CLS] A [SEP] B [SEP] + padding, as the WORKSPACE batch contract (lists, one example)."""
-  len_a, len_b = len(instance.ids_a), len(instance.ids_b)
-  num_real = len_a + len_b + 3
-  num_pad = max_seq_length - num_real
-  if num_pad < 0:
-    raise ValueError(f"instance of {num_real} tokens exceeds max_seq_length={max_seq_length}")
-  return {
-      "input_ids": [cls_id, *instance.ids_a, sep_id, *instance.ids_b, sep_id] + [pad_id] * num_pad,
-      "token_type_ids": [0] * (len_a + 2) + [1] * (len_b + 1) + [0] * num_pad,
-      "attention_mask": [1] * num_real + [0] * num_pad,
-      "word_starts": [0, *instance.word_starts_a, 0, *instance.word_starts_b, 0] + [0] * num_pad,
-      LABEL_NAME: 1 if instance.is_random_next else 0,
-  }
-
-
 # ---------------------------------------------------------------- record serialization
 
 
@@ -320,59 +311,139 @@ def _length_delimited(tag: bytes, payload: bytes) -> bytes:
   return tag + _varint(len(payload)) + payload
 
 
-class RecordSerializer:
-  """Writes one example as a serialized `tf.train.Example` (the TFDS record format).
+class EncodedPair(NamedTuple):
+  """An NSP instance as record bytes: what a row needs of it, ~3 bytes a token (an `Instance`
+  holds ~18 in lists), so a whole block's examples fit in memory until they are packed."""
 
-  The protobuf wire format is assembled by hand from a per-id varint table: 3-4x faster than
-  building proto objects, and no TensorFlow. Every feature is an int64 list (TFDS stores int32
-  tensors that way); tests decode the bytes with the TFDS features of `tfds_builder`.
+  ids: bytes  # Varints of [CLS] A [SEP] B [SEP].
+  word_starts: bytes  # 0/1 bytes, specials included (0).
+  len_a: int
+  len_b: int
+  is_random_next: bool
+
+
+class EncodedSentences(NamedTuple):
+  """A FULL-SENTENCES row as record bytes ([CLS] and the final [SEP] included)."""
+
+  ids: bytes  # Varints.
+  word_starts: bytes  # 0/1 bytes.
+  length: int  # Tokens.
+
+
+class RecordSerializer:
+  """Writes one row as a serialized `tf.train.Example` (the TFDS record format).
+
+  Two steps: `encode_pair` / `encode_sentences` turn an example into its bytes once, as it is
+  built (compact, see `EncodedPair`); `serialize_pairs` / `serialize_sentences` join a row's.
+  The protobuf wire format is assembled by hand: 3-4x faster than building proto objects, and
+  no TensorFlow. Every feature is an int64 list (TFDS stores int32 tensors that way,
+  `nsp_weights` included: 0/1). Values below 128 are their own one-byte varints, so the 0/1 and
+  small-int features are byte strings (slices of precomputed ones); token ids go through a
+  per-id varint table. Tests decode the bytes with the TFDS features of `tfds_builder` and
+  compare with `packing.nsp_row_features` / `packing.sentences_row_features`.
   """
 
-  def __init__(self, max_seq_length: int, vocab_size: int, pad_id: int):
-    self.max_seq_length = max_seq_length
+  def __init__(self, max_seq_length: int, max_examples_per_row: int, vocab_size: int, *,
+               pad_id: int, cls_id: int, sep_id: int):
+    self.max_seq_length, self.num_slots = max_seq_length, max_examples_per_row
     self._varints = [_varint(i) for i in range(max(vocab_size, 2))]
-    self._pad = self._varints[pad_id]
-    self._keys = {name: _length_delimited(b"\x0a", name.encode()) for name in
-                  (*FEATURE_NAMES, LABEL_NAME)}
-    # Features of 0/1 values have a fixed byte length: their framing is computed once.
-    fixed_payload = b"\x00" * max_seq_length
-    self._prefixes = {name: self._feature(name, fixed_payload)[:-max_seq_length]
-                      for name in FEATURE_NAMES if name != "input_ids"}
-    self._labels = (self._feature(LABEL_NAME, b"\x00"), self._feature(LABEL_NAME, b"\x01"))
+    self._pad, self._cls, self._sep = (self._varints[pad_id], self._varints[cls_id],
+                                       self._varints[sep_id])
+    self._names = (*packing.TOKEN_FEATURES, *packing.SLOT_FEATURES)
+    self._keys = {name: _length_delimited(b"\x0a", name.encode()) for name in self._names}
+    # Per feature: payload length -> the framing bytes before the payload.
+    self._prefixes: list[dict[int, bytes]] = [{} for _ in self._names]
+    length = max_seq_length
+    self._zeros, self._ones = bytes(length), b"\x01" * length
+    # Segment ids 0..K as varints; the positions 0..L-1 as varint bytes cut by length.
+    self._segment_ids = [_varint(k) for k in range(max_examples_per_row + 1)]
+    self._positions = b"".join(_varint(i) for i in range(length))
+    self._position_ends = [0]
+    for i in range(length):
+      self._position_ends.append(self._position_ends[-1] + len(_varint(i)))
 
-  def _feature(self, name: str, packed_values: bytes) -> bytes:
-    int64_list = _length_delimited(b"\x0a", packed_values)  # Int64List.value (packed).
-    feature = _length_delimited(b"\x1a", int64_list)  # Feature.int64_list.
-    entry = self._keys[name] + _length_delimited(b"\x12", feature)  # map<string, Feature>.
-    return _length_delimited(b"\x0a", entry)  # Features.feature.
-
-  def serialize(self, instance: Instance, cls_id: int, sep_id: int) -> bytes:
-    """Pads `instance` to max_seq_length and returns its record bytes."""
-    len_a, len_b = len(instance.ids_a), len(instance.ids_b)
-    num_real = len_a + len_b + 3
-    num_pad = self.max_seq_length - num_real
-    if num_pad < 0:
-      raise ValueError(f"instance of {num_real} tokens exceeds max_seq_length")
-    varints = self._varints
-    try:
-      ids = b"".join([varints[cls_id], *[varints[t] for t in instance.ids_a], varints[sep_id],
-                      *[varints[t] for t in instance.ids_b], varints[sep_id]])
+  def encode_pair(self, instance: Instance) -> EncodedPair:
+    """An NSP instance's bytes ([CLS] A [SEP] B [SEP]), ready for `serialize_pairs`."""
+    varints, sep = self._varints, self._sep
+    try:  # A list comprehension per side: the fastest per-token lookup here.
+      ids = b"".join([self._cls, *[varints[t] for t in instance.ids_a], sep,
+                      *[varints[t] for t in instance.ids_b], sep])
     except IndexError as e:
       raise ValueError(f"token id outside [0, {len(varints)}) (vocab size)") from e
-    # 0/1 values are their own one-byte varints.
-    prefixes = self._prefixes
-    features = b"".join([
-        self._feature("input_ids", ids + self._pad * num_pad),
-        prefixes["token_type_ids"],
-        b"\x00" * (len_a + 2) + b"\x01" * (len_b + 1) + b"\x00" * num_pad,
-        prefixes["attention_mask"],
-        b"\x01" * num_real + b"\x00" * num_pad,
-        prefixes["word_starts"],
-        b"\x00", bytes(instance.word_starts_a), b"\x00", bytes(instance.word_starts_b),
-        b"\x00" * (num_pad + 1),
-        self._labels[1 if instance.is_random_next else 0],
-    ])
-    return _length_delimited(b"\x0a", features)  # Example.features.
+    word_starts = b"".join([b"\x00", bytes(instance.word_starts_a), b"\x00",
+                            bytes(instance.word_starts_b), b"\x00"])
+    return EncodedPair(ids, word_starts, len(instance.ids_a), len(instance.ids_b),
+                       bool(instance.is_random_next))
+
+  def encode_sentences(self, row: packing.SentencesRow) -> EncodedSentences:
+    """A FULL-SENTENCES row's bytes ([CLS] ... [SEP]), ready for `serialize_sentences`."""
+    varints = self._varints
+    try:
+      ids = b"".join([self._cls, *[varints[t] for t in row.ids], self._sep])
+    except IndexError as e:
+      raise ValueError(f"token id outside [0, {len(varints)}) (vocab size)") from e
+    return EncodedSentences(ids, b"".join([b"\x00", bytes(row.word_starts), b"\x00"]),
+                            len(row.ids) + 2)
+
+  def _example(self, payloads: Sequence[bytes]) -> bytes:
+    """Example bytes of the packed payloads, in TOKEN_FEATURES then SLOT_FEATURES order."""
+    parts = [b"\x0a", b""]  # Example.features, its length filled in below.
+    size = 0
+    for name, payload, prefixes in zip(self._names, payloads, self._prefixes):
+      prefix = prefixes.get(len(payload))
+      if prefix is None:  # The framing depends on the name and the payload's length only.
+        int64_list = _length_delimited(b"\x0a", payload)  # Int64List.value (packed).
+        feature = _length_delimited(b"\x1a", int64_list)  # Feature.int64_list.
+        entry = self._keys[name] + _length_delimited(b"\x12", feature)  # map<string, Feature>
+        prefix = prefixes[len(payload)] = _length_delimited(b"\x0a", entry)[:-len(payload)]
+      parts += (prefix, payload)
+      size += len(prefix) + len(payload)
+    parts[1] = _varint(size)
+    return b"".join(parts)
+
+  def serialize_pairs(self, examples: Sequence[EncodedPair]) -> bytes:
+    """Record bytes of a row holding `examples` in order (`packing.nsp_row_features`)."""
+    num_examples = len(examples)
+    if not 1 <= num_examples <= self.num_slots:
+      raise ValueError(f"a row holds 1 to {self.num_slots} examples, got {num_examples}")
+    zeros, ones, positions, ends = self._zeros, self._ones, self._positions, self._position_ends
+    ids, types, segments, position_ids, word_starts, cls_positions, labels = (
+        [], [], [], [], [], [], [])
+    row_length = 0
+    for k, (example_ids, example_starts, len_a, len_b, is_random_next) in enumerate(
+        examples, start=1):
+      length = len_a + len_b + 3
+      if row_length + length > self.max_seq_length:
+        raise ValueError(f"a row of {row_length + length}+ tokens exceeds max_seq_length="
+                         f"{self.max_seq_length}")
+      ids.append(example_ids)
+      word_starts.append(example_starts)
+      types += (zeros[:len_a + 2], ones[:len_b + 1])
+      segments.append(self._segment_ids[k] * length)
+      position_ids.append(positions[:ends[length]])
+      cls_positions.append(_varint(row_length))
+      labels.append(is_random_next)
+      row_length += length
+    num_pad = self.max_seq_length - row_length
+    pad = zeros[:num_pad]
+    empty = bytes(self.num_slots - num_examples)
+    return self._example((
+        b"".join(ids) + self._pad * num_pad, b"".join(types) + pad, b"".join(segments) + pad,
+        b"".join(position_ids) + pad, b"".join(word_starts) + pad,
+        b"".join(cls_positions) + empty, bytes(labels) + empty, ones[:num_examples] + empty))
+
+  def serialize_sentences(self, row: EncodedSentences) -> bytes:
+    """Record bytes of a FULL-SENTENCES row (`packing.sentences_row_features`)."""
+    num_pad = self.max_seq_length - row.length
+    if num_pad < 0:
+      raise ValueError(f"a row of {row.length} tokens exceeds max_seq_length="
+                       f"{self.max_seq_length}")
+    pad = self._zeros[:num_pad]
+    slots = bytes(self.num_slots)  # [CLS] at 0, label 0, weight 0 (no NSP).
+    return self._example((
+        row.ids + self._pad * num_pad, self._zeros, self._ones[:row.length] + pad,
+        self._positions[:self._position_ends[row.length]] + pad, row.word_starts + pad,
+        slots, slots, slots))
 
 
 # ---------------------------------------------------------------- blocks
@@ -481,9 +552,19 @@ def iter_block_instances(
           other_documents=neighbours, stats=stats)
 
 
+def rows_seed(seed: int, split: str, block_index: int) -> int:
+  """The seed of the shuffle of one block's examples (all passes) before they go into rows."""
+  key = f"bert_jax/rows/{seed}/{split}/{block_index}".encode()
+  return int.from_bytes(hashlib.blake2b(key, digest_size=16).digest(), "little")
+
+
 @dataclasses.dataclass(frozen=True)
 class ExampleSettings:
-  """How examples are built; everything that changes the output except corpus and vocab."""
+  """How rows are built; everything that changes the output except corpus and vocab.
+
+  Objective "mlm" builds FULL-SENTENCES rows: it ignores `short_seq_prob` and
+  `max_examples_per_row` (its rows hold one sequence: `examples_per_row` is 1).
+  """
 
   max_seq_length: int = 128
   short_seq_prob: float = 0.1
@@ -491,6 +572,13 @@ class ExampleSettings:
   validation_fraction: float = 0.01
   seed: int = 0
   block_chars: int = 2_000_000
+  objective: str = "mlm_nsp"
+  max_examples_per_row: int = 4
+
+  @property
+  def examples_per_row(self) -> int:
+    """K of the records: the slots of a row (1 for objective "mlm")."""
+    return 1 if self.objective == "mlm" else self.max_examples_per_row
 
   def validate(self) -> None:
     if self.max_seq_length < 5:
@@ -504,16 +592,24 @@ class ExampleSettings:
       raise ValueError(f"validation_fraction={self.validation_fraction} must be in [0, 1)")
     if self.block_chars < 1:
       raise ValueError(f"block_chars={self.block_chars} must be >= 1")
+    if self.objective not in OBJECTIVES:
+      raise ValueError(f"objective={self.objective!r} is not one of {OBJECTIVES}; change "
+                       "--objective")
+    if self.max_examples_per_row < 1:
+      raise ValueError(f"max_examples_per_row={self.max_examples_per_row} must be >= 1 (1: one "
+                       "example per row, unpacked); change --max_examples_per_row")
 
 
-def build_block(
-    block: DocumentBlock, tokenizer: Tokenizer, settings: ExampleSettings
-) -> tuple[Iterator[Instance], BlockStats]:
-  """Tokenizes a block and returns its instances (lazily) and its counts so far.
+# A row's content: up to K NSP instances (objective "mlm_nsp"), or one FULL-SENTENCES sequence;
+# or their `RecordSerializer` encodings when `build_block` is given the serializer.
+Row = list[Instance] | packing.SentencesRow | list[EncodedPair] | EncodedSentences
 
-  The stats' example counts fill in while the iterator is consumed.
-  """
-  stats = BlockStats()
+
+def _tokenize_block(
+    block: DocumentBlock, tokenizer: Tokenizer, stats: BlockStats, with_neighbours: bool = True
+) -> tuple[list[Document], list[Document]]:
+  """(the block's tokenized documents, its neighbours' (when asked)); counts the block's text in
+  `stats`."""
   documents = []
   stats.chars = sum(len(s) for sentences in block.documents for s in sentences)
   for document in tokenize_documents(block.documents, tokenizer):
@@ -524,9 +620,19 @@ def build_block(
       stats.tokens += sum(len(ids) for ids, _ in document)
   # Only a block of one document carries neighbours; they count in their own block's stats.
   neighbours = []
-  if block.neighbours:
+  if block.neighbours and with_neighbours:
     neighbours = [document for document in tokenize_documents(block.neighbours, tokenizer)
                   if document]
+  return documents, neighbours
+
+
+def build_instances(
+    block: DocumentBlock, tokenizer: Tokenizer, settings: ExampleSettings
+) -> tuple[Iterator[Instance], BlockStats]:
+  """A block's NSP instances, every dupe pass, in generation order (before any shuffle), lazily,
+  and its counts: the example counts fill in while the iterator is consumed (no rows)."""
+  stats = BlockStats()
+  documents, neighbours = _tokenize_block(block, tokenizer, stats)
   max_num_tokens = settings.max_seq_length - 3
 
   def instances() -> Iterator[Instance]:
@@ -538,27 +644,79 @@ def build_block(
       stats.examples += 1
       stats.random_next += instance.is_random_next
       stats.short_target += instance.target_seq_length < max_num_tokens
-      stats.real_tokens += len(instance.ids_a) + len(instance.ids_b) + 3
+      stats.real_tokens += packing.instance_length(instance)
       yield instance
 
   return instances(), stats
 
 
-def iter_examples(
+def build_block(
+    block: DocumentBlock, tokenizer: Tokenizer, settings: ExampleSettings,
+    serializer: RecordSerializer | None = None,
+) -> tuple[list[Row], BlockStats]:
+  """A block's rows, in their record order, and its counts.
+
+  "mlm_nsp": the instances of every dupe pass, shuffled (`rows_seed`), packed K to a row
+  (`packing.pack`). "mlm": each pass lays the block's documents, in an order of its own
+  (`block_seed`), into FULL-SENTENCES rows; the rows of all passes are shuffled (`rows_seed`).
+  The whole block is in memory (memory grows with `block_chars` x dupe_factor, not with the
+  corpus); with a `serializer`, each example is kept only as its encoding (`EncodedPair`,
+  `EncodedSentences`: ~3 bytes a token) and the rows hold those, in the same order.
+  """
+  rng = random.Random(rows_seed(settings.seed, block.split, block.index))
+  if settings.objective == "mlm":
+    stats = BlockStats()
+    documents, _ = _tokenize_block(block, tokenizer, stats, with_neighbours=False)  # No NSP.
+    rows: list = []
+    for pass_index in range(settings.dupe_factor):
+      order = list(range(len(documents)))
+      random.Random(block_seed(settings.seed, block.split, pass_index, block.index)).shuffle(order)
+      pass_rows, num_cut = packing.full_sentence_rows(
+          [documents[i] for i in order], settings.max_seq_length, tokenizer.sep_id)
+      stats.sentences_cut += num_cut
+      stats.real_tokens += sum(map(packing.sentences_row_length, pass_rows))
+      rows += pass_rows if serializer is None else map(serializer.encode_sentences, pass_rows)
+    rng.shuffle(rows)
+    stats.rows = stats.examples = len(rows)
+    return rows, stats
+  instances, stats = build_instances(block, tokenizer, settings)
+  lengths, examples = [], []
+  for instance in instances:
+    lengths.append(packing.instance_length(instance))
+    examples.append(instance if serializer is None else serializer.encode_pair(instance))
+  # One permutation for both lists: rows mix the block's documents and passes.
+  order = list(range(len(examples)))
+  rng.shuffle(order)
+  packed = packing.pack([lengths[i] for i in order], settings.max_seq_length,
+                        settings.examples_per_row)
+  rows = [[examples[order[i]] for i in row] for row in packed]
+  stats.rows = len(rows)
+  return rows, stats
+
+
+def row_features(row: Row, settings: ExampleSettings, tokenizer: Tokenizer) -> dict[str, list[int]]:
+  """The record layout of a row as lists (what `RecordSerializer` writes as bytes)."""
+  if isinstance(row, packing.SentencesRow):
+    return packing.sentences_row_features(row, settings.max_seq_length, tokenizer.cls_id,
+                                          tokenizer.sep_id, tokenizer.pad_id)
+  return packing.nsp_row_features(row, settings.max_seq_length, settings.examples_per_row,
+                                  tokenizer.cls_id, tokenizer.sep_id, tokenizer.pad_id)
+
+
+def iter_rows(
     documents: Iterable[Sequence[str]], tokenizer: Tokenizer, settings: ExampleSettings,
     split: str,
-) -> Iterator[dict[str, list[int] | int]]:
-  """Single-process stream of one split's padded examples (block by block, in order)."""
+) -> Iterator[dict[str, list[int]]]:
+  """Single-process stream of one split's rows as feature lists (block by block, in order)."""
   settings.validate()
   blocks = iter_document_blocks(documents, validation_fraction=settings.validation_fraction,
                                 block_chars=settings.block_chars)
   for block in blocks:
     if block.split != split:
       continue
-    instances, _ = build_block(block, tokenizer, settings)
-    for instance in instances:
-      yield instance_to_features(instance, settings.max_seq_length, tokenizer.cls_id,
-                                 tokenizer.sep_id, tokenizer.pad_id)
+    rows, _ = build_block(block, tokenizer, settings)
+    for row in rows:
+      yield row_features(row, settings, tokenizer)
 
 
 # ---------------------------------------------------------------- worker side
@@ -579,28 +737,30 @@ def write_block(
     block: DocumentBlock, settings: ExampleSettings, path: str,
     tokenizer: Tokenizer | None = None,
 ) -> tuple[str, int, int, BlockStats]:
-  """Builds one block's examples into an ArrayRecord file at `path`.
+  """Builds one block's rows into an ArrayRecord file at `path`.
 
   Returns (split, block index, bytes written, stats). Writes nothing when the block yields no
-  examples. Runs in a worker process (tokenizer from `init_worker`) or inline.
+  rows. Runs in a worker process (tokenizer from `init_worker`) or inline.
   """
   from array_record.python import array_record_module  # Light import; TFDS not needed here.
 
   tokenizer = tokenizer if tokenizer is not None else _WORKER_TOKENIZER
   if tokenizer is None:
     raise RuntimeError("write_block: no tokenizer (init_worker was not called)")
-  serializer = RecordSerializer(settings.max_seq_length, tokenizer.size, tokenizer.pad_id)
-  instances, stats = build_block(block, tokenizer, settings)
+  serializer = RecordSerializer(
+      settings.max_seq_length, settings.examples_per_row, tokenizer.size,
+      pad_id=tokenizer.pad_id, cls_id=tokenizer.cls_id, sep_id=tokenizer.sep_id)
+  rows, stats = build_block(block, tokenizer, settings, serializer)
+  serialize = (serializer.serialize_sentences if settings.objective == "mlm"
+               else serializer.serialize_pairs)
   num_bytes = 0
-  writer = None
-  try:
-    for instance in instances:
-      record = serializer.serialize(instance, tokenizer.cls_id, tokenizer.sep_id)
-      if writer is None:
-        writer = array_record_module.ArrayRecordWriter(os.fspath(path), _RECORD_OPTIONS)
-      writer.write(record)
-      num_bytes += len(record)
-  finally:
-    if writer is not None:
+  if rows:
+    writer = array_record_module.ArrayRecordWriter(os.fspath(path), _RECORD_OPTIONS)
+    try:
+      for row in rows:
+        record = serialize(row)
+        writer.write(record)
+        num_bytes += len(record)
+    finally:
       writer.close()
   return block.split, block.index, num_bytes, stats

@@ -1,8 +1,10 @@
 """Input pipelines: grain over a prepared dataset (train, eval) and a synthetic source.
 
-Every batch is a dict of numpy arrays, the per-host slice of the global batch (WORKSPACE):
-`input_ids`, `token_type_ids`, `attention_mask`, `word_starts` int32 [B, L] and
-`next_sentence_label` int32 [B]; eval batches add `example_weight` float32 [B].
+Every batch is a dict of numpy arrays, the per-host slice of the global batch (WORKSPACE), one
+prepared row per batch row (`packing`'s layout; K = the dataset's `max_examples_per_row`):
+`input_ids`, `token_type_ids`, `segment_ids`, `position_ids`, `word_starts` int32 [B, L];
+`cls_positions`, `next_sentence_label` int32 [B, K] and `nsp_weights` float32 [B, K]; eval batches
+add `example_weight` float32 [B] (0 on rows that pad the last batch).
 
 Train order: the whole split is shuffled with the seed, epoch after epoch (each epoch reshuffled),
 and cut into global batches; host p of P reads rows [p * B/P, (p + 1) * B/P) of each global batch.
@@ -24,11 +26,12 @@ import numpy as np
 from tensorflow_datasets.proto import tf_example_pb2
 
 from bert_jax.data import examples as examples_lib
+from bert_jax.data import packing
 from bert_jax.data import prepare
 from bert_jax.data import tfds_builder
 
 Batch = dict[str, np.ndarray]
-_INT_FEATURES = (*examples_lib.FEATURE_NAMES, examples_lib.LABEL_NAME)
+_FEATURES = (*packing.TOKEN_FEATURES, *packing.SLOT_FEATURES)
 # Batches computed ahead in background threads (GIL-bound decode overlaps the jitted step).
 _READ_THREADS = 2
 _READ_BUFFER = 4
@@ -43,8 +46,11 @@ def per_host_batch_size(global_batch_size: int, process_count: int) -> int:
   return global_batch_size // process_count
 
 
-def check_dataset_matches(meta: dict[str, Any], vocab_size: int, max_seq_length: int) -> None:
-  """Refuses a prepared dataset whose vocabulary or sequence length differs from the config."""
+def check_dataset_matches(meta: dict[str, Any], vocab_size: int, max_seq_length: int,
+                          objective: str, max_examples_per_row: int) -> None:
+  """Refuses a prepared dataset whose vocabulary, sequence length, objective or (objective
+  "mlm_nsp") examples per row differ from the config. "mlm" rows hold one sequence whatever
+  `max_examples_per_row` says, so K is not compared for it."""
   problems = []
   if int(meta["vocab_size"]) != int(vocab_size):
     problems.append(
@@ -57,6 +63,17 @@ def check_dataset_matches(meta: dict[str, Any], vocab_size: int, max_seq_length:
         f"config.data.max_seq_length={max_seq_length}: set --config.data.max_seq_length="
         f"{meta['max_seq_length']} (or prepare the data again with "
         f"--max_seq_length={max_seq_length})")
+  if meta["objective"] != objective:
+    problems.append(
+        f"the dataset was prepared for objective {meta['objective']!r} but "
+        f"config.data.objective={objective!r}: set --config.data.objective={meta['objective']} "
+        f"(or prepare the data again with --objective={objective})")
+  elif objective != "mlm" and int(meta["max_examples_per_row"]) != int(max_examples_per_row):
+    problems.append(
+        f"the dataset packs up to {meta['max_examples_per_row']} examples per row but "
+        f"config.data.max_examples_per_row={max_examples_per_row}: set "
+        f"--config.data.max_examples_per_row={meta['max_examples_per_row']} (or prepare the "
+        f"data again with --max_examples_per_row={max_examples_per_row})")
   if problems:
     raise ValueError("Prepared dataset does not match the model config: " + "; ".join(problems))
 
@@ -76,27 +93,32 @@ def resolve_dataset(config: ml_collections.ConfigDict, workdir: str) -> tuple[st
     raise ValueError(f"config.data.source={config.data.source!r} has no dataset directory "
                      "(expected 'builtin' or 'prepared').")
   meta = prepare.load_meta(dataset_dir)
-  check_dataset_matches(meta, config.model.vocab_size, config.data.max_seq_length)
+  check_dataset_matches(meta, config.model.vocab_size, config.data.max_seq_length,
+                        config.data.objective, config.data.max_examples_per_row)
   return dataset_dir, meta
 
 
+def _as_batch(arrays: dict[str, np.ndarray]) -> Batch:
+  """int32 arrays of the record features -> the batch (nsp_weights as float32)."""
+  arrays[packing.NSP_WEIGHTS] = arrays[packing.NSP_WEIGHTS].astype(np.float32)  # [B, K]
+  return arrays
+
+
 def stack_examples(examples: Sequence[dict[str, Any]]) -> Batch:
-  """TFDS-decoded examples -> one batch dict of int32 arrays."""
-  return {name: np.asarray([e[name] for e in examples], dtype=np.int32)
-          for name in _INT_FEATURES}
+  """TFDS-decoded rows -> one batch dict ([B, L] and [B, K] arrays)."""
+  return _as_batch({name: np.asarray([e[name] for e in examples], dtype=np.int32)
+                    for name in _FEATURES})
 
 
 def decode_records(records: Sequence[bytes]) -> Batch:
-  """Serialized records (tf.train.Example) -> one batch dict of int32 arrays.
+  """Serialized rows (tf.train.Example) -> one batch dict ([B, L] and [B, K] arrays).
 
   Decodes the batch at once, about 4x faster than TFDS's per-example decoding; tests check it
   against `tfds.features` decoding.
   """
   features = [tf_example_pb2.Example.FromString(r).features.feature for r in records]
-  batch = {name: np.asarray([f[name].int64_list.value for f in features], dtype=np.int32)
-           for name in _INT_FEATURES}  # [B, L]; the label [B, 1].
-  batch[examples_lib.LABEL_NAME] = batch[examples_lib.LABEL_NAME].reshape(len(records))  # [B]
-  return batch
+  return _as_batch({name: np.asarray([f[name].int64_list.value for f in features],
+                                     dtype=np.int32) for name in _FEATURES})
 
 
 class HostRows(grain.transforms.Map):
@@ -120,11 +142,11 @@ class ReadBatch(grain.transforms.Map):
 
 
 def _split_source(dataset_dir: str, split: str):
-  """The split's records, raw bytes (decoded by `decode_records`)."""
+  """The split's rows, raw bytes (decoded by `decode_records`)."""
   prepare.load_meta(dataset_dir)  # Clear error when the directory is not a prepared dataset.
-  count = tfds_builder.num_examples(dataset_dir, split)
+  count = tfds_builder.num_rows(dataset_dir, split)
   if count == 0:
-    raise ValueError(f"{dataset_dir}: the {split!r} split has no examples (prepare with more "
+    raise ValueError(f"{dataset_dir}: the {split!r} split has no rows (prepare with more "
                      "text, or a --validation_fraction > 0 for evaluation).")
   return tfds_builder.data_source(dataset_dir, split, raw=True)
 
@@ -168,18 +190,18 @@ def make_train_iterator(
 class EvalBatches:
   """One deterministic pass over the validation split, sharded per host (re-iterable).
 
-  Host p gets examples p, p + P, ...; every host yields `len(self)` batches, the last ones padded
-  with copies of an example weighted 0.0, so `sum(w * x) / sum(w)` is exact over the split and
-  hosts never wait on one another in a collective.
+  Host p gets rows p, p + P, ...; every host yields `len(self)` batches, the last ones padded
+  with copies of a row weighted 0.0 (`example_weight`), so `sum(w * x) / sum(w)` is exact over
+  the split and hosts never wait on one another in a collective.
   """
 
   def __init__(self, dataset_dir: str, *, global_batch_size: int, process_index: int,
                process_count: int, max_batches: int = 0):
     self.batch_size = per_host_batch_size(global_batch_size, process_count)
     self._source = _split_source(dataset_dir, examples_lib.VALIDATION)
-    self.num_examples = len(self._source)
-    self._indices = range(process_index, self.num_examples, process_count)
-    longest_shard = math.ceil(self.num_examples / process_count)
+    self.num_rows = len(self._source)
+    self._indices = range(process_index, self.num_rows, process_count)
+    longest_shard = math.ceil(self.num_rows / process_count)
     self._num_batches = math.ceil(longest_shard / self.batch_size)
     if max_batches > 0:
       self._num_batches = min(self._num_batches, max_batches)
@@ -219,17 +241,21 @@ def make_eval_batches(
 
 
 class SyntheticBatch(grain.transforms.Map):
-  """Step k -> a random [CLS] A [SEP] B [SEP] batch with the real batch contract.
+  """Step k -> a random batch of rows with the real layout and batch contract.
 
-  Global batch k depends only on (seed, k); host p keeps rows [p * b, (p + 1) * b).
+  Each row packs 1..K examples ([CLS] A [SEP] B [SEP], >= 5 tokens each: at most L // 5 of
+  them), together filling half the row to all of it. Global batch k depends only on (seed, k);
+  host p keeps rows [p * b, (p + 1) * b).
   """
 
   def __init__(self, *, batch_size: int, seq_len: int, vocab_size: int, pad_id: int,
                cls_id: int, sep_id: int, special_ids: Sequence[int], seed: int,
-               process_index: int, process_count: int):
+               process_index: int, process_count: int, max_examples_per_row: int = 1):
     if seq_len < 5:
       raise ValueError(f"seq_len={seq_len}: need at least 5 ([CLS] A [SEP] B [SEP]).")
-    self.batch_size, self.seq_len = batch_size, seq_len
+    if max_examples_per_row < 1:
+      raise ValueError(f"max_examples_per_row={max_examples_per_row} must be >= 1.")
+    self.batch_size, self.seq_len, self.num_slots = batch_size, seq_len, max_examples_per_row
     self._ids = (pad_id, cls_id, sep_id)
     self._allowed = np.setdiff1d(np.arange(vocab_size, dtype=np.int32),
                                  np.asarray([pad_id, cls_id, sep_id, *special_ids], np.int32))
@@ -240,26 +266,42 @@ class SyntheticBatch(grain.transforms.Map):
 
   def map(self, step: int) -> Batch:
     pad_id, cls_id, sep_id = self._ids
-    b, length = self._global_batch_size, self.seq_len
+    b, length, slots = self._global_batch_size, self.seq_len, self.num_slots
     rng = np.random.default_rng([self._seed, int(step)])
-    num_real = rng.integers(max(5, length // 2), length + 1, size=(b, 1))  # [B, 1]
-    len_a = rng.integers(1, num_real - 3)  # [B, 1]: B gets >= 1 token.
-    pos = np.arange(length)[None, :]  # [1, L]
-    sep_a, sep_b = len_a + 1, num_real - 1
-    real = pos < num_real  # [B, L]
-    special = (pos == 0) | (pos == sep_a) | (pos == sep_b)
+    num_examples = rng.integers(1, min(slots, length // 5) + 1, size=(b, 1))  # [B, 1]
+    num_real = rng.integers(np.maximum(5 * num_examples, length // 2), length + 1)  # [B, 1]
+    # Example lengths: 5 each, plus the rest of num_real split at random among the examples.
+    used = np.arange(slots)[None, :] < num_examples  # [B, K]
+    shares = (rng.random((b, slots)) + 0.01) * used  # > 0 on every used slot.
+    extra = np.floor((num_real - 5 * num_examples) * shares / shares.sum(1, keepdims=True))
+    lengths = np.where(used, 5 + extra.astype(np.int64), 0)  # [B, K]
+    lengths[:, :1] += num_real - lengths.sum(1, keepdims=True)  # Rounding left to example 1.
+    starts = np.cumsum(lengths, 1) - lengths  # [B, K]: [CLS] of each example.
+    len_a = rng.integers(1, np.maximum(lengths - 3, 2))  # [B, K]: B gets >= 1 token.
+    pos = np.arange(length)[None, :, None]  # [1, L, 1]
+    inside = used[:, None, :] & (pos >= starts[:, None, :]) & (
+        pos < (starts + lengths)[:, None, :])  # [B, L, K]: token of example k.
+    real = inside.any(-1)  # [B, L]
+    example = np.argmax(inside, -1)  # [B, L]: the example of a real token (0 on padding).
+    offset = pos[..., 0] - np.take_along_axis(starts, example, 1)  # [B, L]: position in it.
+    sep_a = 1 + np.take_along_axis(len_a, example, 1)  # [B, L]: offset of A's [SEP].
+    last = np.take_along_axis(lengths, example, 1) - 1  # [B, L]: offset of B's [SEP].
+    special = real & ((offset == 0) | (offset == sep_a) | (offset == last))
     input_ids = self._allowed[rng.integers(len(self._allowed), size=(b, length))]
     input_ids = np.where(real, input_ids, pad_id)
-    input_ids = np.where(pos == 0, cls_id, input_ids)
-    input_ids = np.where((pos == sep_a) | (pos == sep_b), sep_id, input_ids)
-    word_starts = (rng.random((b, length)) < 0.7) | (pos == 1) | (pos == sep_a + 1)
+    input_ids = np.where(real & (offset == 0), cls_id, input_ids)
+    input_ids = np.where(real & ((offset == sep_a) | (offset == last)), sep_id, input_ids)
+    word_starts = (rng.random((b, length)) < 0.7) | (offset == 1) | (offset == sep_a + 1)
     word_starts &= real & ~special  # [B, L]
     batch = {
         "input_ids": input_ids.astype(np.int32),
-        "token_type_ids": ((pos > sep_a) & real).astype(np.int32),
-        "attention_mask": real.astype(np.int32),
+        "token_type_ids": (real & (offset > sep_a)).astype(np.int32),
+        "segment_ids": np.where(real, example + 1, 0).astype(np.int32),
+        "position_ids": np.where(real, offset, 0).astype(np.int32),
         "word_starts": word_starts.astype(np.int32),
-        "next_sentence_label": rng.integers(0, 2, size=(b,)).astype(np.int32),
+        "cls_positions": np.where(used, starts, 0).astype(np.int32),
+        "next_sentence_label": (rng.integers(0, 2, size=(b, slots)) * used).astype(np.int32),
+        packing.NSP_WEIGHTS: used.astype(np.float32),
     }
     rows = slice(self._process_index * self.batch_size, (self._process_index + 1) * self.batch_size)
     return {name: value[rows] for name, value in batch.items()}
@@ -277,8 +319,10 @@ def make_synthetic_iterator(
     seed: int,
     process_index: int,
     process_count: int,
+    max_examples_per_row: int = 1,
 ) -> grain.DatasetIterator:
-  """Endless random per-host batches (no data needed), for benchmarks.
+  """Endless random per-host batches of rows packing up to `max_examples_per_row` examples (no
+  data needed), for benchmarks.
 
   A grain iterator over the step counter: `get_state()` / `set_state()` and the
   `grain.checkpoint` handlers work as for `make_train_iterator`.
@@ -287,6 +331,6 @@ def make_synthetic_iterator(
       batch_size=per_host_batch_size(global_batch_size, process_count), seq_len=seq_len,
       vocab_size=vocab_size, pad_id=pad_id, cls_id=cls_id, sep_id=sep_id,
       special_ids=special_ids, seed=seed, process_index=process_index,
-      process_count=process_count)
+      process_count=process_count, max_examples_per_row=max_examples_per_row)
   steps = grain.MapDataset.range(2**62).map(make_batch)
   return iter(steps.to_iter_dataset(grain.ReadOptions(num_threads=0, prefetch_buffer_size=0)))

@@ -3,13 +3,16 @@
 A prepared dataset directory (WORKSPACE contract) holds:
   dataset_info.json, features.json, bert_pretraining-{train,validation}.array_record-*  (TFDS)
   vocab/            the vocabulary (`Vocab.load(dir/vocab)`)
-  bert_meta.json    vocab size, special ids, max_seq_length, settings, counts, corpus stats
+  bert_meta.json    vocab size, special ids, max_seq_length, objective, max_examples_per_row,
+                    settings, per-split rows / examples / real tokens / fill rate, corpus stats
 
-The document stream is cut into blocks (`examples.iter_document_blocks`); worker processes turn
-each block into an ArrayRecord file, a bounded number of blocks in flight, so memory stays flat
-whatever the corpus size. Everything is written into a temporary sibling directory that is
-renamed into place at the end: an interrupted preparation never leaves a directory that looks
-complete.
+Every record is a row of max_seq_length tokens (`packing`): up to K NSP examples (objective
+"mlm_nsp") or one FULL-SENTENCES sequence ("mlm"). The document stream is cut into blocks
+(`examples.iter_document_blocks`); worker processes turn each block into an ArrayRecord file of
+rows (its examples shuffled and packed within the block), a bounded number of blocks in flight,
+so memory stays flat whatever the corpus size. Everything is written into a temporary sibling
+directory that is renamed into place at the end: an interrupted preparation never leaves a
+directory that looks complete.
 """
 
 import collections
@@ -32,7 +35,8 @@ from bert_jax.data import examples as examples_lib
 
 META_FILE = "bert_meta.json"
 VOCAB_DIR = "vocab"
-FORMAT_VERSION = 1
+# 3: records are packed rows (segment_ids, position_ids, [K] slot features).
+FORMAT_VERSION = 3
 _BLOCKS_DIR = ".blocks"
 
 DocumentsFactory = Callable[[], Iterable[Sequence[str]]]
@@ -53,6 +57,12 @@ def _as_dict(stats: Any) -> dict[str, Any] | None:
   if dataclasses.is_dataclass(stats):
     return dataclasses.asdict(stats)
   return dict(stats)
+
+
+def _split_summary(stats: examples_lib.BlockStats, max_seq_length: int) -> dict[str, Any]:
+  """rows, examples, real_tokens and fill_rate (real tokens / (rows x L)) of one split."""
+  return {"rows": stats.rows, "examples": stats.examples, "real_tokens": stats.real_tokens,
+          "fill_rate": round(stats.real_tokens / max(stats.rows * max_seq_length, 1), 6)}
 
 
 def _iter_block_results(
@@ -100,24 +110,31 @@ def prepare_dataset(
     dupe_factor: int = 5,
     validation_fraction: float = 0.01,
     seed: int = 0,
+    objective: str = examples_lib.ExampleSettings.objective,
+    max_examples_per_row: int = examples_lib.ExampleSettings.max_examples_per_row,
     num_workers: int | None = None,
     block_chars: int = examples_lib.ExampleSettings.block_chars,
     corpus_stats: Any = None,
     corpus_fingerprint: str = "",
 ) -> dict[str, Any]:
-  """Builds the NSP examples of a corpus into `output_dir`; returns the metadata written.
+  """Builds the rows of a corpus into `output_dir`; returns the metadata written.
 
-  `documents_factory()` returns a fresh iterator of documents (lists of sentences); `vocab` is a
-  `bert_jax.data.vocab.Vocab` (picklable: the worker processes get a copy). `num_workers=None`
-  uses every core, 0 builds in this process; the output is the same for any value.
-  `corpus_stats` (e.g. the `CorpusStats` the factory's reader fills, or a callable returning it)
-  is read after the corpus has been consumed and stored in the metadata with
-  `corpus_fingerprint`.
+  Objective "mlm_nsp" packs up to `max_examples_per_row` NSP examples a row; "mlm" writes
+  FULL-SENTENCES rows and ignores `max_examples_per_row` (its rows hold one sequence: the
+  metadata records 1). `documents_factory()` returns a fresh iterator of documents (lists of
+  sentences); `vocab` is a `bert_jax.data.vocab.Vocab` (picklable: the worker processes get a
+  copy). `num_workers=None` uses every core, 0 builds in this process; the output is the same
+  for any value. `corpus_stats` (e.g. the `CorpusStats` the factory's reader fills, or a
+  callable returning it) is read after the corpus has been consumed and stored in the metadata
+  with `corpus_fingerprint`.
   """
   settings = examples_lib.ExampleSettings(
       max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
-      validation_fraction=validation_fraction, seed=seed, block_chars=block_chars)
+      validation_fraction=validation_fraction, seed=seed, block_chars=block_chars,
+      objective=objective, max_examples_per_row=max_examples_per_row)
   settings.validate()
+  if objective == "mlm":  # Recorded as what the rows hold, so the metadata is not misleading.
+    settings = dataclasses.replace(settings, max_examples_per_row=1)
   output_dir = os.path.abspath(output_dir)
   check_output_dir(output_dir)
   if num_workers is None:
@@ -139,8 +156,8 @@ def prepare_dataset(
         blocks, vocab, settings, os.path.join(tmp_dir, _BLOCKS_DIR), num_workers)
     for path, (split, block_index, num_bytes, stats) in results:
       split_stats[split].add(stats)
-      if stats.examples:
-        split_shards[split].append((path, stats.examples, num_bytes))
+      if stats.rows:
+        split_shards[split].append((path, stats.rows, num_bytes))
       chars = sum(s.chars for s in split_stats.values())
       logging.info("prepare: %s block %d done, %.1f MB of text so far (%.2f MB/s)", split,
                    block_index, chars / 1e6, chars / 1e6 / max(time.time() - start, 1e-9))
@@ -153,13 +170,14 @@ def prepare_dataset(
             "sentence) made no example.", split, stats.documents,
             stats.random_next_to_continuation + stats.random_next_skipped,
             stats.random_next_to_continuation, stats.random_next_skipped)
-    if not split_stats[examples_lib.TRAIN].examples:
+    if not split_stats[examples_lib.TRAIN].rows:
       raise ValueError("The corpus produced no training examples (no document with a tokenized "
                        "sentence); check the input flags (--input / --tfds_name / --builtin).")
 
     from bert_jax.data import tfds_builder  # Deferred: TFDS is a slow import.
 
-    tfds_builder.write_tfds_layout(tmp_dir, max_seq_length, split_shards)
+    tfds_builder.write_tfds_layout(tmp_dir, max_seq_length, settings.examples_per_row,
+                                   split_shards)
     shutil.rmtree(os.path.join(tmp_dir, _BLOCKS_DIR))
     seconds = time.time() - start
     meta = {
@@ -174,8 +192,11 @@ def prepare_dataset(
         "mask_id": int(vocab.mask_id),
         "special_ids": [int(i) for i in vocab.special_ids],
         "max_seq_length": max_seq_length,
+        "objective": objective,
+        "max_examples_per_row": settings.examples_per_row,  # K: the [K] slots of every row.
         "settings": dataclasses.asdict(settings),
-        "num_examples": {s: split_stats[s].examples for s in examples_lib.SPLITS},
+        "splits": {s: _split_summary(split_stats[s], max_seq_length)
+                   for s in examples_lib.SPLITS},
         "stats": {s: dataclasses.asdict(split_stats[s]) for s in examples_lib.SPLITS},
         "corpus_stats": _as_dict(corpus_stats),
         "corpus_fingerprint": corpus_fingerprint,
@@ -190,9 +211,12 @@ def prepare_dataset(
     shutil.rmtree(tmp_dir, ignore_errors=True)
     raise
   train_chars = split_stats[examples_lib.TRAIN].chars + split_stats[examples_lib.VALIDATION].chars
-  logging.info("prepare: wrote %s (%d train / %d validation examples) in %.1f s, %.2f MB/s",
-               output_dir, meta["num_examples"]["train"], meta["num_examples"]["validation"],
-               seconds, train_chars / 1e6 / max(seconds, 1e-9))
+  train = meta["splits"][examples_lib.TRAIN]
+  logging.info("prepare: wrote %s (%d train rows holding %d examples, %.1f%% real tokens; %d "
+               "validation rows) in %.1f s, %.2f MB/s", output_dir, train["rows"],
+               train["examples"], 100 * train["fill_rate"],
+               meta["splits"][examples_lib.VALIDATION]["rows"], seconds,
+               train_chars / 1e6 / max(seconds, 1e-9))
   return meta
 
 
@@ -209,8 +233,10 @@ def load_meta(dataset_dir: str) -> dict[str, Any]:
   with open(path) as f:
     meta = json.load(f)
   if meta.get("format_version") != FORMAT_VERSION:
-    raise ValueError(f"{path}: format_version {meta.get('format_version')} is not "
-                     f"{FORMAT_VERSION}; prepare the dataset again.")
+    raise ValueError(f"{dataset_dir!r} was prepared in format_version "
+                     f"{meta.get('format_version')} of bert_jax datasets; this version reads "
+                     f"{FORMAT_VERSION} (packed rows): prepare the dataset again with "
+                     "launch/prepare_data.py.")
   return meta
 
 
@@ -244,6 +270,10 @@ def builtin_cache_key(config: ml_collections.ConfigDict, fingerprint: str) -> st
       "short_seq_prob": float(config.data.short_seq_prob),
       "dupe_factor": int(config.data.dupe_factor),
       "validation_fraction": float(config.data.validation_fraction),
+      "objective": str(config.data.objective),
+      # "mlm" rows hold one sequence whatever max_examples_per_row says: same dataset.
+      "examples_per_row": (1 if config.data.objective == "mlm"
+                           else int(config.data.max_examples_per_row)),
       "seed": int(config.seed),
   }
   return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -289,7 +319,8 @@ def prepare_builtin(
           short_seq_prob=float(config.data.short_seq_prob),
           dupe_factor=int(config.data.dupe_factor),
           validation_fraction=float(config.data.validation_fraction),
-          seed=int(config.seed), num_workers=num_workers,
+          seed=int(config.seed), objective=str(config.data.objective),
+          max_examples_per_row=int(config.data.max_examples_per_row), num_workers=num_workers,
           corpus_stats=reader_stats, corpus_fingerprint=fingerprint)
     except (OSError, ValueError):
       if os.path.isfile(os.path.join(dataset_dir, META_FILE)):

@@ -1,6 +1,9 @@
-"""The TFDS dataset of prepared BERT examples (ArrayRecord, read back without TensorFlow).
+"""The TFDS dataset of prepared BERT rows (ArrayRecord, read back without TensorFlow).
 
-`BertPretraining` is a `GeneratorBasedBuilder` whose `_generate_examples` streams the examples.
+Each record is one row (`packing`'s layout): int32 token features [L] and slot features [K].
+`nsp_weights` is stored as int32 0/1 (one byte a value); the input pipeline reads it as float32.
+
+`BertPretraining` is a `GeneratorBasedBuilder` whose `_generate_examples` streams the rows.
 TFDS's own writer (`download_and_prepare`) buffers every serialized example of a split in memory
 (its `Shuffler` keeps up to 1 GB in a list and then sorts whole buckets; `disable_shuffling`
 changes the order, not the buffering), so preparation instead writes the ArrayRecord shards
@@ -19,21 +22,23 @@ import numpy as np
 import tensorflow_datasets as tfds
 
 from bert_jax.data import examples as examples_lib
+from bert_jax.data import packing
 
-VERSION = "1.0.0"
+VERSION = "3.0.0"  # Follows prepare.FORMAT_VERSION.
 FILE_FORMAT = "array_record"
 
 
-def make_features(max_seq_length: int) -> tfds.features.FeaturesDict:
-  """The example schema: int32 [L] tensors and an int32 scalar label."""
+def make_features(max_seq_length: int, max_examples_per_row: int) -> tfds.features.FeaturesDict:
+  """The row schema: int32 [L] token features and int32 [K] slot features."""
   tensors = {name: tfds.features.Tensor(shape=(max_seq_length,), dtype=np.int32)
-             for name in examples_lib.FEATURE_NAMES}
-  tensors[examples_lib.LABEL_NAME] = tfds.features.Tensor(shape=(), dtype=np.int32)
+             for name in packing.TOKEN_FEATURES}
+  tensors.update({name: tfds.features.Tensor(shape=(max_examples_per_row,), dtype=np.int32)
+                  for name in packing.SLOT_FEATURES})
   return tfds.features.FeaturesDict(tensors)
 
 
 class BertPretraining(tfds.core.GeneratorBasedBuilder, skip_registration=True):
-  """NSP pairs ([CLS] A [SEP] B [SEP]) with segment ids, attention mask and word starts."""
+  """Rows of packed NSP pairs ([CLS] A [SEP] B [SEP]) or FULL-SENTENCES sequences."""
 
   VERSION = tfds.core.Version(VERSION)
   # TFDS locates download checksums next to the builder's code; nothing is downloaded here, and
@@ -44,11 +49,13 @@ class BertPretraining(tfds.core.GeneratorBasedBuilder, skip_registration=True):
       self,
       *,
       max_seq_length: int,
+      max_examples_per_row: int,
       examples_fn: Callable[[str], Iterator[Mapping[str, Any]]] | None = None,
       **kwargs,
   ):
-    """`examples_fn(split)` streams a split's examples (only needed to generate)."""
+    """`examples_fn(split)` streams a split's rows as feature dicts (only needed to generate)."""
     self._max_seq_length = max_seq_length
+    self._max_examples_per_row = max_examples_per_row
     self._examples_fn = examples_fn
     kwargs.setdefault("file_format", FILE_FORMAT)
     super().__init__(**kwargs)
@@ -56,8 +63,9 @@ class BertPretraining(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   def _info(self) -> tfds.core.DatasetInfo:
     return tfds.core.DatasetInfo(
         builder=self,
-        description="BERT pretraining examples (next-sentence pairs), bert_jax.",
-        features=make_features(self._max_seq_length),
+        description="BERT pretraining rows (packed next-sentence pairs or full sentences), "
+                    "bert_jax.",
+        features=make_features(self._max_seq_length, self._max_examples_per_row),
     )
 
   def _split_generators(self, dl_manager) -> dict[str, Iterator[tuple[int, Mapping[str, Any]]]]:
@@ -74,15 +82,17 @@ class BertPretraining(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 def write_tfds_layout(
     dataset_dir: str,
     max_seq_length: int,
+    max_examples_per_row: int,
     split_shards: Mapping[str, Sequence[tuple[str, int, int]]],
 ) -> None:
   """Turns finished ArrayRecord files into a TFDS dataset in `dataset_dir`.
 
-  `split_shards[split]` lists (file path, examples, bytes) in shard order; the files are moved to
+  `split_shards[split]` lists (file path, rows, bytes) in shard order; the files are moved to
   TFDS's `<name>-<split>.array_record-NNNNN-of-MMMMM` names. A split may have no shards.
   """
-  builder = BertPretraining(max_seq_length=max_seq_length, data_dir=os.path.join(
-      dataset_dir, ".tfds_builder_unused"))
+  builder = BertPretraining(max_seq_length=max_seq_length,
+                            max_examples_per_row=max_examples_per_row,
+                            data_dir=os.path.join(dataset_dir, ".tfds_builder_unused"))
   info = builder.info
   split_infos = []
   for split, shards in split_shards.items():
@@ -103,7 +113,7 @@ def write_tfds_layout(
 
 
 def data_source(dataset_dir: str, split: str, raw: bool = False):
-  """Random-access source of one split: decoded examples (numpy int32), or record bytes."""
+  """Random-access source of one split: decoded rows (numpy int32), or record bytes."""
   builder = tfds.builder_from_directory(dataset_dir)
   if split not in builder.info.splits:
     raise ValueError(f"{dataset_dir} has no {split!r} split (has: {list(builder.info.splits)})")
@@ -113,8 +123,8 @@ def data_source(dataset_dir: str, split: str, raw: bool = False):
   return builder.as_data_source(split=split)
 
 
-def num_examples(dataset_dir: str, split: str) -> int:
-  """Examples in `split` from the dataset's metadata (no file is opened)."""
+def num_rows(dataset_dir: str, split: str) -> int:
+  """Rows (records) in `split` from the dataset's metadata (no file is opened)."""
   builder = tfds.builder_from_directory(dataset_dir)
   if split not in builder.info.splits:
     return 0

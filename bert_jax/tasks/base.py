@@ -54,6 +54,11 @@ class Task:
     """Forward (dropout on when `dropout_rng` is given) -> f32 sums and counts."""
     raise NotImplementedError
 
+  def real_tokens(self, batch: Batch) -> jax.Array:
+    """Non-padding tokens of a batch (f32 scalar): the work done, where slots are not."""
+    key = "segment_ids" if "segment_ids" in batch else "attention_mask"
+    return jnp.sum((batch[key] > 0).astype(jnp.float32))
+
   def loss(self, sums: dict[str, jax.Array], counts: dict[str, jax.Array]) -> jax.Array:
     return sum(sums[total] / jnp.maximum(counts[count], 1.0) for total, count in self.loss_terms)
 

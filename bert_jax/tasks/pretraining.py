@@ -1,5 +1,7 @@
 """BERT's pretraining task: masked LM (masking inside the jitted step) + next sentence
-prediction, on `BertForPreTraining`. Batch fields: WORKSPACE.md, "Batch"."""
+prediction, on `BertForPreTraining`, over rows that pack up to K examples (K = 1: unpacked).
+Batch fields: WORKSPACE.md, "Batch". The MLM-only objective is the same task with every
+`nsp_weights` 0 (the NSP loss and its count are then 0)."""
 
 import dataclasses
 from typing import Any
@@ -20,6 +22,7 @@ class PretrainingTask(Task):
   model_config: BertConfig
   masking: MaskingConfig
   seq_len: int
+  examples_per_row: int  # K: packed examples per row (1: unpacked).
 
   name = "pretraining"
   loss_terms = (("mlm_loss_sum", "mlm_count"), ("nsp_loss_sum", "nsp_count"))
@@ -34,9 +37,11 @@ class PretrainingTask(Task):
     return ids, ids, ids, jnp.zeros((1, self.masking.max_predictions_per_seq), jnp.int32)
 
   def batch_signature(self) -> dict[str, tuple[tuple[int, ...], Any]]:
-    tokens = ((self.seq_len,), jnp.int32)
-    return {"input_ids": tokens, "token_type_ids": tokens, "attention_mask": tokens,
-            "word_starts": tokens, "next_sentence_label": ((), jnp.int32)}
+    tokens, slots = ((self.seq_len,), jnp.int32), ((self.examples_per_row,), jnp.int32)
+    return {"input_ids": tokens, "token_type_ids": tokens, "segment_ids": tokens,
+            "position_ids": tokens, "word_starts": tokens, "cls_positions": slots,
+            "next_sentence_label": slots,
+            "nsp_weights": ((self.examples_per_row,), jnp.float32)}
 
   def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
     """Masks the batch: adds masked_lm_{positions,ids,weights}, corrupts input_ids."""
@@ -45,22 +50,21 @@ class PretrainingTask(Task):
 
   def loss_counts(self, batch: Batch) -> dict[str, jax.Array]:
     return {"mlm_count": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
-            "nsp_count": jnp.float32(batch["input_ids"].shape[0])}
+            "nsp_count": jnp.sum(batch["nsp_weights"].astype(jnp.float32))}
 
   def _forward(self, params, batch: Batch, dropout_rng: jax.Array | None):
     rngs = None if dropout_rng is None else {"dropout": dropout_rng}
     return self.model.apply({"params": params}, batch["input_ids"], batch["token_type_ids"],
-                            batch["attention_mask"], batch["masked_lm_positions"],
-                            deterministic=dropout_rng is None, rngs=rngs)
+                            batch["segment_ids"], batch["masked_lm_positions"],
+                            deterministic=dropout_rng is None, rngs=rngs,
+                            position_ids=batch["position_ids"],
+                            cls_positions=batch["cls_positions"])
 
   def loss_sums(self, params, batch: Batch, dropout_rng: jax.Array | None) -> dict[str, jax.Array]:
-    outputs = self._forward(params, batch, dropout_rng)
-    return {**losses.mlm_sums(outputs["mlm_logits"], batch["masked_lm_ids"],
-                              batch["masked_lm_weights"]),
-            **losses.nsp_sums(outputs["nsp_logits"], batch["next_sentence_label"])}
+    return losses.pretraining_sums(self._forward(params, batch, dropout_rng), batch)
 
   def eval_outputs(self, params, batch: Batch) -> tuple[dict, dict]:
-    _, sums = losses.pretraining_loss(self._forward(params, batch, None), batch)
+    sums = losses.pretraining_sums(self._forward(params, batch, None), batch)
     return {}, sums  # Exact means need the sums only.
 
   def report(self, sums: dict[str, float]) -> dict[str, float]:
@@ -75,7 +79,7 @@ class PretrainingTask(Task):
 
   def meta(self) -> dict[str, Any]:
     return {"name": self.name, "masking": dataclasses.asdict(self.masking),
-            "seq_len": self.seq_len}
+            "seq_len": self.seq_len, "examples_per_row": self.examples_per_row}
 
   def flops_per_example(self) -> float:
     return flops.train_flops_per_sequence(self.model_config, self.seq_len,
