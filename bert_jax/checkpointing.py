@@ -13,9 +13,13 @@ Checkpoints are written asynchronously and appear only once complete (orbax rena
 temporary directory), so a crash mid-save never leaves one that a reader would pick.
 """
 
+import contextlib
 import dataclasses
 import json
 import os
+import re
+import threading
+import time
 from typing import Any
 
 import grain
@@ -24,7 +28,9 @@ import numpy as np
 import orbax.checkpoint as ocp
 from absl import logging
 from etils import epath
+from jax.experimental import multihost_utils
 
+from bert_jax import checkpoint_integrity
 from bert_jax.data.vocab import Vocab
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -83,24 +89,73 @@ class VocabRestore(ocp.args.CheckpointArgs):
 # ------------------------------------------------------------------- training checkpoints
 
 
+class CheckpointSaveError(OSError):
+  """A checkpoint could not be written (no space, no permission...): nothing of it is kept."""
+
+
+def _os_cause(error: BaseException) -> BaseException:
+  """The OSError (ENOSPC, EACCES...) behind an error from orbax's writers, else the error."""
+  seen, stack = set(), [error]
+  while stack:
+    current = stack.pop()
+    if id(current) in seen:
+      continue
+    seen.add(id(current))
+    if isinstance(current, OSError):
+      return current
+    stack.extend(e for e in (current.__cause__, current.__context__) if e is not None)
+    stack.extend(a for a in getattr(current, "args", ()) if isinstance(a, BaseException))
+    stack.extend(getattr(current, "exceptions", ()))  # ExceptionGroup.
+  return error
+
+
 class Checkpointer:
-  """Keep-N, interval-based, asynchronous training checkpoints with automatic resume."""
+  """Keep-N, interval-based, asynchronous training checkpoints with automatic resume.
+
+  Every committed checkpoint gets a verification record (`checkpoint_integrity`); at start the
+  newest checkpoint that verifies is the one resumed from. Damaged newer ones are set aside
+  (renamed `<step>.damaged`, never deleted) with a warning, or stop the run when
+  `checkpoint_config.on_damaged` is "fail". All processes agree on the step (process 0 checks).
+  """
 
   def __init__(self, workdir: str, checkpoint_config):
     self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINTS_DIR)
     self.save_every_steps = checkpoint_config.save_every_steps
+    self._resume_step = _select_step(self.directory, checkpoint_config.on_damaged)
+    self._recorder: threading.Thread | None = None  # Writes the pending verification record.
+    self._save_failed = threading.Event()  # Tells the recorder to give up.
+    self._pending: int | None = None  # The last step saved.
     options = ocp.CheckpointManagerOptions(
         max_to_keep=checkpoint_config.max_to_keep,
-        enable_async_checkpointing=checkpoint_config.async_save, create=True)
+        enable_async_checkpointing=checkpoint_config.async_save, create=True,
+        cleanup_tmp_directories=True)  # Leftovers of an interrupted save go at start.
     self.manager = ocp.CheckpointManager(self.directory, options=options,
                                          item_names=_TRAIN_ITEMS)
 
   def latest_step(self) -> int | None:
-    return self.manager.latest_step()
+    """The step to resume from: the newest checkpoint that verified at start."""
+    return self._resume_step
 
   def should_save(self, step: int) -> bool:
     """Every `save_every_steps` steps (orbax's own policy would also save the first step)."""
     return self.save_every_steps > 0 and step % self.save_every_steps == 0
+
+  def _record_when_committed(self, step: int) -> None:
+    """Writes the verification record of `step` once orbax has committed it (renamed its
+    temporary directory), in a thread so training goes on meanwhile; process 0 only."""
+    if jax.process_index() != 0:
+      return
+    step_dir = os.path.join(self.directory, str(step))
+
+    def record():
+      while not os.path.isdir(step_dir):
+        if self._save_failed.is_set():
+          return  # Nothing was committed: no record to write.
+        time.sleep(0.05)
+      checkpoint_integrity.write_manifest(step_dir)
+
+    self._recorder = threading.Thread(target=record, daemon=True, name=f"record-{step}")
+    self._recorder.start()
 
   def save(self, step: int, state, data_state: bytes, meta: dict[str, Any],
            vocab: Vocab | None) -> None:
@@ -109,7 +164,42 @@ class Checkpointer:
                  meta=ocp.args.JsonSave(to_json(meta)))
     if vocab is not None:
       items["vocab"] = VocabSave(vocab)
-    self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+    self.wait_until_finished()  # The previous save, with its record.
+    with self._reporting(step):
+      self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+    self._pending = step
+    self._record_when_committed(step)
+
+  @contextlib.contextmanager
+  def _reporting(self, step: int | None):
+    """Turns a failed write into one `CheckpointSaveError` naming the directory and cause."""
+    try:
+      yield
+    except Exception as e:  # pylint: disable=broad-except
+      cause = str(_os_cause(e))
+      # tensorstore words an OSError in its own status text: name the OS cause where it can.
+      found = re.search(r"No space left on device|Permission denied|Read-only file system|"
+                        r"Disk quota exceeded", cause)
+      what = f"checkpoint {step}" if step is not None else "a checkpoint"
+      logging.info("Writing %s in %s failed: %s", what, self.directory, cause)
+      raise CheckpointSaveError(
+          f"Could not write {what} in {self.directory}: "
+          f"{found.group(0) if found else ' '.join(cause.split())}. Nothing of it was kept; a "
+          "restart resumes from the last complete checkpoint once the cause is fixed "
+          "(free space, permissions).") from e
+
+  def wait_until_finished(self) -> None:
+    try:
+      with self._reporting(self._pending):
+        self.manager.wait_until_finished()
+    except CheckpointSaveError:
+      self._save_failed.set()
+      raise
+    finally:
+      if self._recorder is not None:
+        self._recorder.join()
+        self._recorder = None
+      self._save_failed.clear()
 
   def read_meta(self, step: int) -> dict[str, Any]:
     return read_meta(os.path.join(self.directory, str(step)))
@@ -142,11 +232,50 @@ class Checkpointer:
                  files[0])
     return states.pop()
 
-  def wait_until_finished(self) -> None:
-    self.manager.wait_until_finished()
-
   def close(self) -> None:
-    self.manager.close()
+    try:
+      self.wait_until_finished()
+    finally:
+      self.manager.close()
+
+
+def _select_step(directory: str, on_damaged: str) -> int | None:
+  """The newest checkpoint of `directory` that verifies (None: there is none, a fresh start),
+  agreed by every process; damaged newer ones are set aside, or raise with on_damaged="fail"."""
+  if on_damaged not in ("fallback", "fail"):
+    raise ValueError(f"config.checkpoint.on_damaged={on_damaged!r}: use 'fallback' or 'fail'")
+  chosen = -1  # -1: no checkpoint at all; -2: checkpoints, none usable.
+  if jax.process_index() == 0:
+    chosen = _verified_step(directory, on_damaged)
+  chosen = int(multihost_utils.broadcast_one_to_all(np.int32(chosen)))
+  if chosen == -2:
+    raise ValueError(f"Every checkpoint in {directory} is damaged (set aside as <step>.damaged); "
+                     "nothing safe to resume from. Start a new --workdir, or initialise from "
+                     "weights you trust with --config.checkpoint.init_from")
+  return None if chosen == -1 else chosen
+
+
+def _verified_step(directory: str, on_damaged: str) -> int:
+  steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit()) if os.path.isdir(
+      directory) else []
+  for step in reversed(steps):
+    step_dir = os.path.join(directory, str(step))
+    reason = checkpoint_integrity.damage(step_dir)
+    if reason is None:
+      return step
+    if on_damaged == "fail":
+      raise ValueError(f"Checkpoint {step_dir} is damaged: {reason}. With "
+                       "config.checkpoint.on_damaged='fallback' the run would resume from the "
+                       "newest intact checkpoint instead")
+    aside = f"{step_dir}.damaged"
+    copies = 1
+    while os.path.exists(aside):  # The same step damaged again after a rerun.
+      copies += 1
+      aside = f"{step_dir}.damaged.{copies}"
+    logging.warning("Checkpoint %s is damaged: %s. Set aside as %s; resuming from an older "
+                    "checkpoint", step_dir, reason, os.path.basename(aside))
+    os.replace(step_dir, aside)
+  return -2 if steps else -1
 
 
 class BestExport:

@@ -1,14 +1,31 @@
-"""What the training launchers share: the locked `--config` file with overrides, `--workdir`
-(default runs/<config name>), the multi-host flags, and the main that initialises JAX's
-distributed runtime before anything touches the backend."""
+"""What every launcher shares: flags, a quiet console, a log file, and one-line errors.
 
+- Training launchers: the locked `--config` file with overrides, `--workdir` (default
+  runs/<config name>) and the multi-host flags; JAX's distributed runtime starts before anything
+  touches the backend; the full log (every library's INFO lines) goes to `<workdir>/train.log`.
+- The console shows progress lines, warnings and errors; library INFO logs (orbax, TFDS, grain)
+  only when verbosity is raised (`-v 0` / `--verbosity=0`).
+- Expected failures (bad config, bad data, non-finite loss, checkpoint mismatch, a failed save)
+  end with one line on stderr, `error: ...`, and exit status 1; `--debug` shows the traceback
+  (which the log file always holds).
+"""
+
+import logging as std_logging
 import os
+import sys
 from typing import Callable
 
-from absl import app, flags
+from absl import app, flags, logging
 from ml_collections import config_flags
 
 from bert_jax import distributed
+
+# Failures a user can fix, reported in one line; anything else keeps its traceback (a bug).
+# OSError covers missing files, permissions, a full disk and `CheckpointSaveError`.
+EXPECTED_ERRORS = (ValueError, FloatingPointError, OSError)
+PROGRESS_LOGGER = "bert_jax.progress"  # Console progress lines, copied to the log file.
+
+flags.DEFINE_bool("debug", False, "On an error, show its full traceback instead of one line.")
 
 
 def define_flags(example_config: str, workdir_help: str) -> None:
@@ -27,12 +44,83 @@ def workdir() -> str:
       "runs", os.path.splitext(os.path.basename(config_path))[0])
 
 
-def main(run: Callable[[], None]) -> Callable[[list[str]], None]:
-  """An absl main that rejects stray arguments, initialises the multi-host runtime when asked
-  to, then calls `run()` (which imports the library: importing may touch the backend)."""
+def log_to_file(directory: str, process_index: int) -> str:
+  """Every log record at INFO and above, and the progress lines, into `directory`/train.log
+  (train.<process>.log on processes other than 0). -> the file's path."""
+  os.makedirs(directory, exist_ok=True)
+  name = "train.log" if process_index == 0 else f"train.{process_index}.log"
+  handler = std_logging.FileHandler(os.path.join(directory, name))
+  handler.setLevel(std_logging.INFO)
+  handler.setFormatter(std_logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
+  std_logging.getLogger().addHandler(handler)
+  progress = std_logging.getLogger(PROGRESS_LOGGER)
+  progress.propagate = False  # The console has them already (printed).
+  progress.setLevel(std_logging.INFO)
+  progress.addHandler(handler)
+  return handler.baseFilename
+
+
+def _quiet_console() -> None:
+  """Library INFO lines off the console unless verbosity was asked for; the root logger stays
+  at INFO so the log file still gets them."""
+  if flags.FLAGS["verbosity"].present:
+    return
+  handler = logging.get_absl_handler()
+  handler.setLevel(std_logging.WARNING)
+  handler.addFilter(_not_orbax)
+  sys.unraisablehook = _unraisablehook
+  std_logging.raiseExceptions = False  # A full disk must not print a traceback per log line.
+
+
+def _unraisablehook(unraisable) -> None:
+  """After a failed save, tensorstore's write callbacks hit orbax's closed event loop, and each
+  pending write reports "Event loop is closed" as an unraisable error: log those (the failure
+  itself is reported once), print any other."""
+  value = unraisable.exc_value
+  if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
+    logging.info("After a failed checkpoint write: %s", value)
+    return
+  sys.__unraisablehook__(unraisable)
+
+
+def _not_orbax(record: std_logging.LogRecord) -> bool:
+  """Off the console: orbax's own records (a failed save logs its traceback from several
+  threads; bert_jax reports the failure itself in one line). The log file keeps them."""
+  return f"{os.sep}orbax{os.sep}" not in record.pathname
+
+
+def _one_line(error: BaseException) -> str:
+  return " ".join(str(error).split()) or type(error).__name__
+
+
+def _parse_flags(argv: list[str]) -> list[str]:
+  """absl's flag parsing, with a bad flag or override reported in one line."""
+  try:
+    return flags.FLAGS(argv)
+  except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:
+    # An unknown config field surfaces from ml_collections as AttributeError(KeyError(text)).
+    while isinstance(e, BaseException) and e.args and not isinstance(e.args[0], str):
+      e = e.args[0]
+    message = " ".join((e.args[0] if isinstance(e, BaseException) and e.args else str(e)).split())
+    print(f"error: bad flag or config override: {message}", file=sys.stderr)
+    sys.exit(2)
+
+
+def run(main: Callable[[], None], *, multi_host: bool = False) -> None:
+  """`app.run` for a launcher's `main()`: flags (a bad one: one line), quiet console, the
+  multi-host runtime when `multi_host`, and expected errors as one line with exit status 1."""
   def absl_main(argv: list[str]) -> None:
     if len(argv) > 1:
       raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-    distributed.initialize_from_flags()
-    run()
-  return absl_main
+    _quiet_console()
+    if multi_host:
+      distributed.initialize_from_flags()
+    try:
+      main()
+    except EXPECTED_ERRORS as e:
+      if flags.FLAGS.debug:
+        raise
+      logging.info("Stopped by an error:", exc_info=True)  # The log file keeps the traceback.
+      print(f"error: {_one_line(e)}", file=sys.stderr, flush=True)
+      sys.exit(1)
+  app.run(absl_main, flags_parser=_parse_flags)

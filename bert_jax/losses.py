@@ -20,7 +20,8 @@ def mlm_sums(mlm_logits, masked_lm_ids, masked_lm_weights) -> dict[str, jax.Arra
   """mlm_logits [B, P, V], masked_lm_ids [B, P], masked_lm_weights [B, P] -> f32 sums:
   `mlm_loss_sum` (weighted NLL), `mlm_correct_sum` (weighted argmax hits), `mlm_count` (weights).
 
-  Written in a form XLA:CPU runs fast on [B, P, V] logits: the target logit by a one-hot select, whose gradient fuses into the softmax gradient (a
+  Written in a form XLA:CPU runs fast on [B, P, V] logits: the target logit by a one-hot select,
+  whose gradient fuses into the softmax gradient (a
   `take_along_axis` transposes to a scatter into a [B, P, V] zeros buffer), and the argmax as the
   first index reaching the row max (two vectorised reductions instead of a (value, index) one)."""
   logits = mlm_logits.astype(jnp.float32)  # [B, P, V]

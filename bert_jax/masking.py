@@ -1,11 +1,13 @@
 """BERT's masked-LM corruption (select 15%, then 80% [MASK] / 10% random / 10% unchanged) in JAX.
 
-`mask_tokens` follows google-research/bert `create_masked_lm_predictions`: per sequence
+`mask_tokens` follows google-research/bert `create_masked_lm_predictions`: per row
 `num_to_predict = min(max_predictions_per_seq, max(1, round(n_eligible * mask_prob)))` targets are
 drawn uniformly without replacement among the eligible positions (any token but the control
 tokens [PAD], [CLS], [SEP], [MASK]; [UNK] is eligible, as the original selects every token but
-[CLS] and [SEP]), or, with whole-word masking, whole words are taken in random order, skipping any word
-that would overshoot `num_to_predict`. Each selected token then gets its own 80/10/10 draw. Two
+[CLS] and [SEP]), or, with whole-word masking, whole words are taken in random order, skipping
+any word that would overshoot `num_to_predict`. A packed row of several examples is one
+sequence here (15% of the row's eligible tokens; words never span examples, as [CLS]/[SEP] are
+not eligible). Each selected token then gets its own 80/10/10 draw. Two
 deliberate differences from the original: `n_eligible` counts only maskable tokens (the original
 also counts [CLS] and [SEP]), and a random replacement is drawn among non-control ids only
 ([UNK] included; the original draws any vocabulary entry).

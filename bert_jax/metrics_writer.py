@@ -1,6 +1,7 @@
 """Where metrics go: the console, `<workdir>/metrics.jsonl` and TensorBoard; process 0 only."""
 
 import json
+import logging
 import os
 import sys
 import time
@@ -9,9 +10,10 @@ import jax
 
 
 def console(message: str) -> None:
-  """A line on the console, from process 0 only."""
+  """A line on the console (process 0 only), copied to the log file when there is one."""
   if jax.process_index() == 0:
     print(message, file=sys.stdout, flush=True)
+  logging.getLogger("bert_jax.progress").info(message)
 
 
 class MetricWriter:

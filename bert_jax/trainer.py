@@ -2,12 +2,15 @@
 task's init, restored from the workdir's latest checkpoint, or filled with pretrained weights),
 one compiled step, prefetch, metric sums with the finite check, periodic log / eval / save,
 preemption agreed across hosts, and the export of the best params when the run picks one.
+Progress is reported in real (non-padding) tokens, with the fill rate, MFU on real tokens and
+the share of time spent waiting for input; `config.logging.profile_steps` traces a window of
+steps.
 
 A driver (`bert_jax/train.py`, `bert_jax/finetune.py`) builds a `Run` (task, data, metadata) and
 calls `train(config, workdir, run)`. The config sections it reads: `seed`, `train` (batch_size,
 num_train_steps, grad_accum_steps, optimizer fields, log_every_steps, eval_every_steps,
 eval_batch_size), `data.prefetch`, `mesh`, `checkpoint` (save_every_steps, max_to_keep,
-async_save) and `logging.tensorboard`.
+async_save, on_damaged) and `logging` (tensorboard, profile_steps).
 """
 
 import collections
@@ -15,6 +18,7 @@ import contextlib
 import dataclasses
 import functools
 import json
+import os
 import signal
 import time
 from typing import Any, Callable, Iterable, Iterator
@@ -23,6 +27,7 @@ import flax.linen as nn
 import jax
 import ml_collections
 import numpy as np
+from absl import logging
 from jax.experimental import multihost_utils
 
 from bert_jax import checkpointing, flops, optimizer as optimizer_lib, sharding, steps
@@ -337,6 +342,7 @@ def evaluate(params, config, run: Run, prog: Program, mesh) -> dict[str, float]:
 class _Loop:
   """The state of a running loop and its periodic actions (log, save, eval, export)."""
   config: Any
+  workdir: str
   run: Run
   prog: Program
   mesh: Any
@@ -346,10 +352,10 @@ class _Loop:
   best: dict[str, Any]
   result: dict[str, Any] = dataclasses.field(default_factory=dict)
 
-  def log_progress(self, step: int, sums: MetricSums, interval: tuple[float, int],
+  def log_progress(self, step: int, sums: MetricSums, interval: "_Interval",
                    peak: float | None) -> None:
-    total, (start, steps_done) = self.config.train.num_train_steps, interval
-    elapsed = time.time() - start
+    total, steps_done = self.config.train.num_train_steps, interval.steps
+    elapsed = time.time() - interval.start
     report = sums.report()
     batch_size = self.config.train.batch_size
     slots = steps_done * batch_size * self.run.task.batch_signature()["input_ids"][0][0]
@@ -358,6 +364,8 @@ class _Loop:
     report["tokens_per_sec"] = slots / elapsed
     report["real_tokens_per_sec"] = report["fill_rate"] * slots / elapsed
     report["steps_per_sec"] = steps_done / elapsed
+    # Near 0: the input keeps up; near 1: the accelerator waits for data (input-bound).
+    report["input_wait_fraction"] = interval.input_wait / elapsed
     flops_per_example = self.run.task.flops_per_example()
     if flops_per_example and peak:
       # The model FLOPs of the real tokens: those of the slots times the fill rate.
@@ -398,17 +406,54 @@ class _Loop:
     self.best_export.save(step, params, meta, self.run.vocab)
 
 
+@dataclasses.dataclass
+class _Interval:
+  """Wall time, steps and input wait since the last progress line (evaluation excluded)."""
+  start: float = dataclasses.field(default_factory=time.time)
+  steps: int = 0
+  input_wait: float = 0.0  # Seconds the loop waited for its next batch.
+
+
+class _Profiler:
+  """A jax.profiler trace of steps (start, start + count] under `<workdir>/profile`, for
+  TensorBoard's profile plugin or Perfetto; `config.logging.profile_steps` = (start, count)."""
+
+  def __init__(self, config, workdir: str, first_step: int):
+    self.start, self.count = (int(x) for x in config.logging.profile_steps)
+    self.directory = os.path.join(workdir, "profile")
+    self.active = False
+    if self.count > 0 and self.start < first_step:
+      logging.warning("config.logging.profile_steps starts at step %d, before this run's first "
+                      "step %d: no profile", self.start, first_step)
+
+  def before_step(self, step: int) -> None:
+    if self.count > 0 and step == self.start:
+      jax.profiler.start_trace(self.directory)
+      self.active = True
+
+  def after_step(self, step: int, state, log: Callable[[str], None]) -> None:
+    if self.active and step == self.start + self.count:
+      jax.block_until_ready(state)
+      jax.profiler.stop_trace()
+      self.active = False
+      log(f"Profiled steps {self.start + 1}-{step} into {self.directory}")
+
+
 def _run_loop(loop: _Loop, state, step_key, preemption: PreemptionFlag, peak) -> steps.TrainState:
   config, run = loop.config, loop.run
   total, step = config.train.num_train_steps, int(jax.device_get(state.step))
   batches = prefetched(run.train_iter, loop.mesh, config.data.prefetch)
-  sums, pending, interval = MetricSums(run.task), [], (time.time(), 0)
-  eval_every = config.train.eval_every_steps
+  sums, pending, interval = MetricSums(run.task), [], _Interval()
+  profiler = _Profiler(config, loop.workdir, step)
   while step < total:
+    profiler.before_step(step)
+    waiting = time.time()
     batch, data_state = next(batches)
+    interval.input_wait += time.time() - waiting
     state, metrics = loop.prog.train_step(state, batch, step_key)
     step += 1
-    interval = (interval[0], interval[1] + 1)
+    interval.steps += 1
+    profiler.after_step(step, state, loop.writer.log)
     pending.append((step, metrics))
     stop = preemption.should_stop(step)
     log_now = step % config.train.log_every_steps == 0 or step == total
@@ -418,13 +463,11 @@ def _run_loop(loop: _Loop, state, step_key, preemption: PreemptionFlag, peak) ->
       pending = []
     if log_now:
       loop.log_progress(step, sums, interval, peak)
-      interval = (time.time(), 0)
-    eval_now = run.eval_batches is not None and (
-        step == total or (eval_every and step % eval_every == 0))
-    if eval_now and not stop:
+      interval = _Interval()
+    if not stop and _eval_due(config, run, step):
       eval_start = time.time()
       loop.evaluate_and_export(step, state.params)
-      interval = (interval[0] + time.time() - eval_start, interval[1])  # Eval is not train time.
+      interval.start += time.time() - eval_start  # Evaluation is not train time.
     if save_now:
       loop.save(step, state, data_state)
     if stop:
@@ -434,6 +477,12 @@ def _run_loop(loop: _Loop, state, step_key, preemption: PreemptionFlag, peak) ->
       break
   loop.result["step"] = step
   return state
+
+
+def _eval_due(config, run: Run, step: int) -> bool:
+  every = config.train.eval_every_steps
+  return run.eval_batches is not None and (
+      step == config.train.num_train_steps or (every > 0 and step % every == 0))
 
 
 def train(config, workdir: str, run: Run) -> dict[str, Any]:
@@ -461,7 +510,7 @@ def train(config, workdir: str, run: Run) -> dict[str, Any]:
       if data_state is not None:
         run.train_iter.set_state(json.loads(data_state))
       compile_step(config, run.task, mesh, prog, writer.log)
-      loop = _Loop(config, run, prog, mesh, writer, checkpointer, best_export, best,
+      loop = _Loop(config, workdir, run, prog, mesh, writer, checkpointer, best_export, best,
                    {"start_step": int(jax.device_get(state.step))})
       state = _run_loop(loop, state, jax.random.fold_in(jax.random.key(config.seed), 2),
                         preemption, _peak_flops(run.task))

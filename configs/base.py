@@ -117,6 +117,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.checkpoint.save_every_steps = 10_000  # Checkpoint interval in steps.
   config.checkpoint.max_to_keep = 3  # Keep the newest N checkpoints.
   config.checkpoint.async_save = True  # Write checkpoints in a background thread.
+  # A checkpoint that fails verification at start (damaged on disk): "fallback" sets it aside
+  # (renamed <step>.damaged) with a warning and resumes from the newest intact one; "fail" stops.
+  config.checkpoint.on_damaged = "fallback"
   # Weights to start from when the workdir has no checkpoint yet (continued pretraining): a
   # bert_jax pretrained dir, a training workdir, a HuggingFace dir or a TF checkpoint ("" = none).
   config.checkpoint.init_from = ""
@@ -124,4 +127,7 @@ def get_config() -> ml_collections.ConfigDict:
   # ---------------------------------------------------------------- logging
   config.logging = ml_collections.ConfigDict()
   config.logging.tensorboard = True  # Write TensorBoard summaries to <workdir>/tensorboard.
+  # (start, count): a jax.profiler trace of steps start+1 .. start+count under <workdir>/profile
+  # (TensorBoard's profile plugin, Perfetto); count 0 = no profile.
+  config.logging.profile_steps = (0, 0)
   return config

@@ -79,8 +79,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.checkpoint.save_every_steps = 500  # Training checkpoint interval (resume) in steps.
   config.checkpoint.max_to_keep = 2  # Keep the newest N training checkpoints.
   config.checkpoint.async_save = True  # Write checkpoints in a background thread.
+  # A checkpoint that fails verification at start (damaged on disk): "fallback" sets it aside
+  # (renamed <step>.damaged) with a warning and resumes from the newest intact one; "fail" stops.
+  config.checkpoint.on_damaged = "fallback"
 
   # ---------------------------------------------------------------- logging
   config.logging = ml_collections.ConfigDict()
   config.logging.tensorboard = True  # Write TensorBoard summaries to <workdir>/tensorboard.
+  # (start, count): a jax.profiler trace of steps start+1 .. start+count under <workdir>/profile
+  # (TensorBoard's profile plugin, Perfetto); count 0 = no profile.
+  config.logging.profile_steps = (0, 0)
   return config

@@ -14,13 +14,14 @@ continued pretraining) starts from. TensorFlow is not needed: its checkpoint for
 directly.
 """
 
-import logging as std_logging
 import os
 import sys
 
 from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bert_jax import cli  # pylint: disable=g-import-not-at-top
 
 flags.DEFINE_string("from_hf", None, "HuggingFace directory (config.json, model.safetensors or "
                     "pytorch_model.bin, vocab.txt or tokenizer.json).")
@@ -78,26 +79,11 @@ def _convert(flag_values) -> str:
           f"{', '.join(n for n, p in heads.items() if p) or 'none'})")
 
 
-def _quiet_orbax(record: std_logging.LogRecord) -> bool:
-  """orbax logs every step of a save and restore at INFO; keep its warnings only."""
-  return record.levelno >= std_logging.WARNING or f"{os.sep}orbax{os.sep}" not in record.pathname
-
-
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
-  std_logging.getLogger("bert_jax").setLevel(std_logging.INFO)
-  logging.get_absl_handler().addFilter(_quiet_orbax)
-  try:
-    message = _convert(flags.FLAGS)
-  except ValueError as e:  # Bad input files: one clear line naming the file, no traceback.
-    logging.error("%s", e)
-    print(f"convert.py: error: {e}", file=sys.stderr)
-    return 1
+def main() -> None:
+  message = _convert(flags.FLAGS)
   logging.info("%s", message)
   print(message)
-  return 0
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

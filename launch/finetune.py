@@ -10,7 +10,7 @@ in the same `--workdir` resumes from its latest checkpoint. The workdir gets the
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -20,10 +20,12 @@ cli.define_flags("configs/finetune_qa.py", "Checkpoints, best params, metrics an
                  "final_eval.json go here")
 
 
-def run() -> None:
-  from bert_jax import finetune  # After distributed init.
+def main() -> None:
+  import jax  # After distributed init.
+  from bert_jax import finetune
+  cli.log_to_file(cli.workdir(), jax.process_index())
   finetune.finetune_and_evaluate(flags.FLAGS.config, cli.workdir())
 
 
 if __name__ == "__main__":
-  app.run(cli.main(run))
+  cli.run(main, multi_host=True)

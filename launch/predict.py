@@ -20,6 +20,8 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bert_jax import cli  # pylint: disable=g-import-not-at-top
+
 _MODE = flags.DEFINE_enum("mode", None, ["fill_mask", "classify", "tag", "qa"], "What to do.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Pretrained checkpoint (fill_mask) or "
                                   "fine-tuning workdir (classify, tag, qa).")
@@ -33,9 +35,7 @@ flags.mark_flags_as_required(["mode", "checkpoint"])
 _TASK_OF_MODE = {"classify": "classification", "tag": "tagging", "qa": "qa"}
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+def main() -> None:
   from bert_jax import finetune_data, predict  # pylint: disable=g-import-not-at-top
 
   if _MODE.value == "fill_mask":
@@ -63,4 +63,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -23,6 +23,7 @@ from absl import logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+from bert_jax import cli  # noqa: E402
 from bert_jax.data import corpus  # noqa: E402
 from bert_jax.data import examples  # noqa: E402
 from bert_jax.data import prepare  # noqa: E402
@@ -161,16 +162,10 @@ def _run(work_dir: str) -> None:
         f"{meta['max_examples_per_row']} examples per row, {meta['prepare_seconds']:.1f} s.")
 
 
-def main(argv):
-  if len(argv) > 1:
-    raise app.UsageError(f"Unexpected arguments: {' '.join(argv[1:])}")
+def main() -> None:
   with tempfile.TemporaryDirectory(prefix="bert_jax_prepare_") as work_dir:
-    try:
-      _run(work_dir)
-    except ValueError as e:
-      print(f"prepare_data.py: error: {e}", file=sys.stderr)
-      sys.exit(1)
+    _run(work_dir)
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main)

@@ -9,7 +9,7 @@ import json
 import os
 import sys
 
-from absl import app, flags
+from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -20,13 +20,15 @@ flags.DEFINE_bool("compile_only", False, "Compile the train step against abstrac
                   "its per-device memory and FLOPs, and exit (no data, no training).")
 
 
-def run() -> None:
-  from bert_jax import train  # After distributed init.
+def main() -> None:
+  import jax  # After distributed init.
+  from bert_jax import train
   if flags.FLAGS.compile_only:
     print(json.dumps(train.compile_report(flags.FLAGS.config), indent=1))
     return
+  cli.log_to_file(cli.workdir(), jax.process_index())
   train.train_and_evaluate(flags.FLAGS.config, cli.workdir())
 
 
 if __name__ == "__main__":
-  app.run(cli.main(run))
+  cli.run(main, multi_host=True)

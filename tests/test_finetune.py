@@ -377,6 +377,19 @@ def test_launchers_finetune_then_predict(pretrained_run, tmp_path):
   assert predicted.returncode == 0, predicted.stderr[-3000:]
   assert json.loads(predicted.stdout.strip().splitlines()[-1])["label"] == "neg"
 
+  # Expected failures end with one line: predicting from a pretraining workdir, fine-tuning
+  # from a missing file.
+  wrong = _launch("predict.py", "--mode=classify", f"--checkpoint={pretrained_run[0]}",
+                  "--text=x")
+  assert wrong.returncode == 1 and "Traceback" not in wrong.stderr
+  assert wrong.stderr.strip().splitlines()[-1].startswith("error: ")
+  missing = _launch("finetune.py", "--config=configs/finetune_classification.py",
+                    f"--workdir={tmp_path / 'missing'}", f"--config.vocab={vocab}",
+                    f"--config.data.train_file={tmp_path / 'nope.jsonl'}")
+  assert missing.returncode == 1 and "Traceback" not in missing.stderr
+  assert missing.stderr.strip().splitlines()[-1] == (
+      f"error: Data file {tmp_path / 'nope.jsonl'} does not exist")
+
   bert_jax_dir = weights.save_pretrained(str(tmp_path / "pretrained"),
                                             *_params_config_vocab(pretrained_run[0]))
   filled = _launch("predict.py", "--mode=fill_mask", f"--checkpoint={bert_jax_dir}",
@@ -598,7 +611,8 @@ def test_qa_head_lets_cls_be_the_out_of_window_target():
   np.testing.assert_array_equal(logits[0, [1, 2, 6, 7]], -1e9)  # Question, [SEP], padding don't.
   batch = {"input_ids": context_mask, "start_positions": np.int32([0]),
            "end_positions": np.int32([0]), "answer_weight": np.float32([1])}
-  sums = _task("qa")._sums((logits[..., 0], logits[..., 1]), batch)  # pylint: disable=protected-access
+  task = _task("qa")
+  sums = task._sums((logits[..., 0], logits[..., 1]), batch)  # pylint: disable=protected-access
   assert float(sums["loss_sum"]) == pytest.approx(np.log(4)) and float(sums["loss_count"]) == 1
 
 

@@ -190,7 +190,9 @@ def test_hf_round_trip_through_the_launcher_keeps_logits_and_heads(tmp_path):
 
   # The launcher fails with one line naming the problem, exit status 1.
   result = _run_convert(f"--from_hf={tmp_path / 'absent'}", f"--output_dir={tmp_path / 'x'}")
-  assert result.returncode == 1 and "absent does not exist" in result.stderr
+  assert result.returncode == 1 and "Traceback" not in result.stderr
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: ") and "absent does not exist" in last
 
 
 def test_bert_model_without_heads_imports_with_a_note(tmp_path):

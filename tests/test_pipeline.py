@@ -440,4 +440,7 @@ def test_launcher_subprocess(tmp_path):
   assert exists.returncode == 1 and "--output_dir" in exists.stderr
   no_source = launch(f"--output_dir={other}")
   assert no_source.returncode == 1 and "--input, --tfds_name or --builtin" in no_source.stderr
+  for failed in (missing, too_large, no_rows, exists, no_source):  # One line each, no traceback.
+    assert failed.stderr.strip().splitlines()[-1].startswith("error: ")
+    assert "Traceback" not in failed.stderr
   assert not os.path.exists(other)

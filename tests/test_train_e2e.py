@@ -158,10 +158,10 @@ def test_non_finite_loss_stops_without_writing_that_checkpoint(prepared, tmp_pat
   workdir = _fresh_workdir(tmp_path, prepared[0])
   result = _launch(workdir, "--config.train.num_train_steps=12", "--config.train.warmup_steps=0",
                    "--config.train.learning_rate=1e38", "--config.train.max_grad_norm=0")
-  assert result.returncode != 0
-  assert "Non-finite loss" in result.stdout + result.stderr
-  bad_step = int((result.stdout + result.stderr).split("Non-finite loss")[1].split("at step ")[1]
-                 .split(";")[0])
+  assert result.returncode == 1
+  last = _stderr_lines(result)[-1]  # The message itself, no traceback.
+  assert last.startswith("error: Non-finite loss") and "Traceback" not in result.stderr
+  bad_step = int(last.split("at step ")[1].split(";")[0])
   assert all(step < bad_step for step in _checkpoint_steps(workdir))
 
 
@@ -185,7 +185,7 @@ def test_bad_input_fails_clearly_before_training(prepared, tmp_path, flags, mess
     flags = [*flags, f"--config.data.dataset_dir={_prepared_dataset_dir(workdir)}"]
   result = _launch(workdir, "--config.train.num_train_steps=2", *flags)
   assert result.returncode != 0
-  assert message in result.stdout + result.stderr
+  assert message in _stderr_lines(result)[-1] and "Traceback" not in result.stderr
   assert "Compiled the train step" not in result.stdout
   assert not _checkpoint_steps(workdir)
 
@@ -218,3 +218,102 @@ def test_compile_only_reports_per_device_memory_without_data(tmp_path):
   report = json.loads(result.stdout[result.stdout.index("{"):])
   assert report["devices"] == 8 and report["total_gib"] > report["arguments_gib"] > 0
   assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
+
+
+# ------------------------------------------------------------------ what an operator meets
+
+
+def _stderr_lines(result) -> list[str]:
+  return [line for line in result.stderr.splitlines() if line.strip()]
+
+
+def _garble(step_dir):
+  """Overwrites the start of every file of a checkpoint's state (damage on disk)."""
+  for root, _, names in os.walk(os.path.join(step_dir, "state")):
+    for name in names:
+      with open(os.path.join(root, name), "r+b") as f:
+        f.write(b"\x00garbled\x00")
+
+
+def test_damaged_newest_checkpoint_falls_back_bit_identically(prepared, tmp_path):
+  reference = _train_losses(prepared[0])
+  workdir = str(tmp_path / "run")
+  shutil.copytree(prepared[0], workdir)
+  *older, newest = _checkpoint_steps(workdir)  # Trained on to 14 by the first test: [8, 12, 14].
+  total = max(reference)
+  _garble(os.path.join(workdir, "checkpoints", str(newest)))
+  result = _launch(workdir, f"--config.train.num_train_steps={total}")
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert f"Checkpoint {workdir}/checkpoints/{newest} is damaged" in result.stderr
+  assert f"Resumed from {workdir}/checkpoints/{older[-1]}" in result.stdout
+  assert "Traceback" not in result.stdout + result.stderr
+  resumed = _train_losses(workdir)
+  steps = range(older[-1] + 1, total + 1)
+  assert [resumed[s] for s in steps] == [reference[s] for s in steps]
+  assert os.path.isdir(os.path.join(workdir, "checkpoints", f"{newest}.damaged"))  # Kept aside.
+
+  for step in _checkpoint_steps(workdir):  # Everything damaged: one clear line, no training.
+    _garble(os.path.join(workdir, "checkpoints", str(step)))
+  failed = _launch(workdir, f"--config.train.num_train_steps={total + 2}",
+                   "--config.checkpoint.on_damaged=fail")
+  assert failed.returncode == 1
+  assert _stderr_lines(failed)[-1].startswith(
+      f"error: Checkpoint {workdir}/checkpoints/{newest} is damaged")
+  failed = _launch(workdir, f"--config.train.num_train_steps={total + 2}")
+  assert failed.returncode == 1 and "Traceback" not in failed.stderr
+  assert _stderr_lines(failed)[-1].startswith(f"error: Every checkpoint in {workdir}/checkpoints "
+                                              "is damaged")
+
+
+def _mount_tmpfs(directory, size: str) -> bool:
+  os.makedirs(directory, exist_ok=True)
+  return subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", directory],
+                        capture_output=True).returncode == 0
+
+
+def test_a_full_disk_stops_with_one_line_and_the_next_start_resumes(prepared, tmp_path):
+  """A workdir on a tmpfs with room for one checkpoint (~1.5 MB here) but not two."""
+  mount = str(tmp_path / "small_disk")
+  if not _mount_tmpfs(mount, "2600k"):
+    pytest.fail("this test needs `mount -t tmpfs` (root), as the CI machine has")
+  try:
+    workdir = os.path.join(mount, "run")
+    small = ["--config.checkpoint.max_to_keep=5", "--config.data.source=prepared",
+             f"--config.data.dataset_dir={_prepared_dataset_dir(prepared[0])}"]
+    result = _launch(workdir, "--config.train.num_train_steps=12", *small)
+    assert result.returncode == 1, result.stdout + result.stderr
+    lines = _stderr_lines(result)
+    assert len(lines) == 1 and "Traceback" not in result.stdout, result.stderr[-3000:]
+    assert lines[0].startswith(f"error: Could not write checkpoint 8 in {workdir}/checkpoints: "
+                               "No space left on device"), lines
+    assert _checkpoint_steps(workdir) == [4]  # The half-written one is not a checkpoint.
+    moved = str(tmp_path / "moved")  # The operator frees space: here, a bigger disk.
+    shutil.copytree(workdir, moved)
+  finally:
+    subprocess.run(["umount", "-l", mount], check=False)
+  again = _launch(moved, "--config.train.num_train_steps=12", *small)
+  assert again.returncode == 0, again.stdout + again.stderr
+  assert f"Resumed from {moved}/checkpoints/4" in again.stdout
+  assert _checkpoint_steps(moved) == [4, 8, 12]
+
+
+def test_console_is_quiet_profile_and_input_wait(prepared, tmp_path):
+  """A 200-step run with a checkpoint every 50 steps: progress and eval lines, hardly anything
+  else; the full log in train.log; a profile of steps 101-103; input_wait_fraction logged."""
+  workdir = _fresh_workdir(tmp_path, prepared[0])
+  result = _launch(workdir, "--config.train.num_train_steps=200",
+                   "--config.train.log_every_steps=20", "--config.train.eval_every_steps=100",
+                   "--config.checkpoint.save_every_steps=50",
+                   "--config.logging.profile_steps=(100, 3)")
+  assert result.returncode == 0, result.stdout + result.stderr
+  lines = [l for l in (result.stdout + result.stderr).splitlines() if l.strip()]
+  other = [l for l in lines if not l.startswith(("step ", "eval "))]
+  assert len(lines) - len(other) == 10 + 2 and len(other) <= 15, other
+  log = open(os.path.join(workdir, "train.log")).read()
+  assert "step 200/200" in log and "orbax" in log  # Library INFO lines go to the file.
+  traces = [f for root, _, names in os.walk(os.path.join(workdir, "profile")) for f in names
+            if f.endswith((".xplane.pb", ".trace.json.gz"))]
+  assert traces, os.listdir(workdir)
+  records = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
+  waits = [r["input_wait_fraction"] for r in records if r["split"] == "train"]
+  assert len(waits) == 10 and all(0.0 <= w < 1.0 for w in waits)

@@ -72,7 +72,8 @@ class Task:
     """Summed train metrics (over steps) -> means for the log."""
     raise NotImplementedError
 
-  def scores(self, outputs: dict[str, np.ndarray], sums: dict[str, float], data) -> dict[str, float]:
+  def scores(self, outputs: dict[str, np.ndarray], sums: dict[str, float],
+             data) -> dict[str, float]:
     """Evaluation metrics from the outputs of every real eval row (in order) and the summed
     sums; `data` is the evaluation data the driver passed (None for pretraining)."""
     raise NotImplementedError

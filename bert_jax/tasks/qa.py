@@ -133,7 +133,8 @@ def _passage_pieces(vocab: Vocab, context: str) -> tuple[list[int], list[tuple[i
 @dataclasses.dataclass
 class _Rows:
   """Model rows of the windows, filled question by question."""
-  columns: dict[str, list] = dataclasses.field(default_factory=lambda: collections.defaultdict(list))
+  columns: dict[str, list] = dataclasses.field(
+      default_factory=lambda: collections.defaultdict(list))
   windows: list[Window] = dataclasses.field(default_factory=list)
 
 

@@ -22,8 +22,8 @@ def _pretraining_parts(params: Mapping, source: str) -> dict:
   """The `BertForPreTraining` subtrees of `params`; anything else is a fine-tuning head."""
   dropped = sorted(set(params) - set(params_lib.PRETRAINING_SUBTREES))
   if dropped:
-    logger.info("%s: left out the fine-tuning head %s (not part of BertForPreTraining)", source,
-                ", ".join(dropped))
+    logger.warning("%s: left out the fine-tuning head %s (not part of BertForPreTraining)", source,
+                   ", ".join(dropped))
   return {k: v for k, v in params.items() if k in params_lib.PRETRAINING_SUBTREES}
 
 
