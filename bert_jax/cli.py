@@ -85,7 +85,11 @@ def _unraisablehook(unraisable) -> None:
 
 def _not_orbax(record: std_logging.LogRecord) -> bool:
   """Off the console: orbax's own records (a failed save logs its traceback from several
-  threads; bert_jax reports the failure itself in one line). The log file keeps them."""
+  threads; bert_jax reports the failure itself in one line) and asyncio's "exception was never
+  retrieved" for the other writes of that save, whenever they are garbage-collected. The log
+  file keeps them."""
+  if record.name == "asyncio" and "exception was never retrieved" in record.getMessage():
+    return False
   return f"{os.sep}orbax{os.sep}" not in record.pathname
 
 
@@ -122,5 +126,9 @@ def run(main: Callable[[], None], *, multi_host: bool = False) -> None:
         raise
       logging.info("Stopped by an error:", exc_info=True)  # The log file keeps the traceback.
       print(f"error: {_one_line(e)}", file=sys.stderr, flush=True)
+      # What the interpreter's teardown logs now (threads and tasks of the failed operation) is
+      # a consequence of the error just reported: it goes to the log file only.
+      logging.get_absl_handler().setLevel(std_logging.CRITICAL + 1)
+      std_logging.captureWarnings(True)  # e.g. "coroutine ... was never awaited" at exit.
       sys.exit(1)
   app.run(absl_main, flags_parser=_parse_flags)

@@ -272,14 +272,20 @@ def _mount_tmpfs(directory, size: str) -> bool:
 
 
 def test_a_full_disk_stops_with_one_line_and_the_next_start_resumes(prepared, tmp_path):
-  """A workdir on a tmpfs with room for one checkpoint (~1.5 MB here) but not two."""
+  """A workdir on a small disk that fills up after the first checkpoint: the second fails."""
   mount = str(tmp_path / "small_disk")
-  if not _mount_tmpfs(mount, "2600k"):
+  if not _mount_tmpfs(mount, "16m"):
     pytest.fail("this test needs `mount -t tmpfs` (root), as the CI machine has")
   try:
     workdir = os.path.join(mount, "run")
     small = ["--config.checkpoint.max_to_keep=5", "--config.data.source=prepared",
              f"--config.data.dataset_dir={_prepared_dataset_dir(prepared[0])}"]
+    assert _launch(workdir, "--config.train.num_train_steps=4", *small).returncode == 0
+    # Leave 300 KiB free: room for the logs, not for a checkpoint (1.1-2.3 MB here; the size
+    # of orbax's files varies from save to save).
+    free = os.statvfs(mount).f_bavail * os.statvfs(mount).f_frsize
+    with open(os.path.join(mount, "filler"), "wb") as f:
+      f.write(b"\0" * (free - 300 * 1024))
     result = _launch(workdir, "--config.train.num_train_steps=12", *small)
     assert result.returncode == 1, result.stdout + result.stderr
     lines = _stderr_lines(result)
