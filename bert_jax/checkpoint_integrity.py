@@ -1,65 +1,53 @@
-"""Verification records of checkpoints: the size and CRC-32 of every file of a finished
+"""Verification records of checkpoints: the size and checksum of every file of a finished
 checkpoint, written once orbax has committed it and checked before it is restored, so a
-checkpoint damaged on disk (truncated, garbled, files missing) is never trained from.
-`bert_jax/checkpointing.py` is the only user."""
+checkpoint damaged in storage (truncated, garbled, files missing) is never trained from.
+Checksums are CRC-32 of local files, and the object's own CRC-32C in a GCS bucket (read from
+its metadata: nothing is downloaded). `bert_jax/checkpointing.py` is the only user."""
 
 import json
-import os
-import zlib
+
+from absl import logging
+
+from bert_jax import storage
 
 MANIFEST_FILE = "bert_jax_manifest.json"
-_CHUNK = 1 << 20
 
 
-def _crc32(path: str) -> int:
-  crc = 0
-  with open(path, "rb") as f:
-    while chunk := f.read(_CHUNK):
-      crc = zlib.crc32(chunk, crc)
-  return crc
-
-
-def _listing(step_dir: str) -> dict[str, dict[str, int]]:
-  """{path relative to the step directory: {"bytes", "crc32"}} of every file but the manifest."""
-  files = {}
-  for root, _, names in os.walk(step_dir):
-    for name in names:
-      path = os.path.join(root, name)
-      relative = os.path.relpath(path, step_dir)
-      if not relative.startswith(MANIFEST_FILE):  # The record and its temporary file.
-        files[relative] = {"bytes": os.path.getsize(path), "crc32": _crc32(path)}
-  return files
+def _listing(step_dir: str) -> dict[str, dict]:
+  """{path relative to the step directory: {"bytes", "checksum"}} of every file but the
+  record itself."""
+  return {relative: {"bytes": storage.size(storage.join(step_dir, relative)),
+                     "checksum": storage.checksum(storage.join(step_dir, relative))}
+          for relative in sorted(storage.walk_files(step_dir))
+          if not relative.startswith(MANIFEST_FILE)}
 
 
 def write_manifest(step_dir: str) -> None:
-  """Records the files of a committed checkpoint (atomically: a partial record never exists)."""
-  temporary = os.path.join(step_dir, MANIFEST_FILE + ".tmp")
-  with open(temporary, "w") as f:
-    json.dump({"version": 1, "files": _listing(step_dir)}, f, indent=1, sort_keys=True)
-  os.replace(temporary, os.path.join(step_dir, MANIFEST_FILE))
-
-
-def has_manifest(step_dir: str) -> bool:
-  return os.path.isfile(os.path.join(step_dir, MANIFEST_FILE))
+  """Records the files of a committed checkpoint (written at once: never a partial record)."""
+  storage.write_text(storage.join(step_dir, MANIFEST_FILE),
+                     json.dumps({"version": 2, "files": _listing(step_dir)}, indent=1,
+                                sort_keys=True))
 
 
 def damage(step_dir: str) -> str | None:
-  """Why the checkpoint in `step_dir` cannot be trusted, or None when every recorded file is
-  there with its size and checksum."""
-  manifest = os.path.join(step_dir, MANIFEST_FILE)
-  if not os.path.isfile(manifest):
-    return "it has no verification record (the run stopped before it was written)"
+  """Why the committed checkpoint in `step_dir` cannot be trusted, or None when every recorded
+  file is there with its size and checksum. One without a record (the run stopped between
+  orbax's commit and the record: seconds in a bucket) is trusted on orbax's word."""
+  manifest = storage.join(step_dir, MANIFEST_FILE)
+  if not storage.exists(manifest):
+    logging.info("Checkpoint %s has no verification record (the run stopped right after saving "
+                 "it); orbax marked it complete, so it is trusted.", step_dir)
+    return None
   try:
-    with open(manifest) as f:
-      recorded = json.load(f)["files"]
+    recorded = json.loads(storage.read_text(manifest))["files"]
   except (OSError, ValueError, KeyError) as e:
     return f"its verification record is unreadable ({e})"
   for relative, expected in sorted(recorded.items()):
-    path = os.path.join(step_dir, relative)
-    if not os.path.isfile(path):
+    path = storage.join(step_dir, relative)
+    if not storage.exists(path):
       return f"{relative} is missing"
-    if os.path.getsize(path) != expected["bytes"]:
-      return f"{relative} has {os.path.getsize(path)} bytes, {expected['bytes']} were written"
-    if _crc32(path) != expected["crc32"]:
+    if (found := storage.size(path)) != expected["bytes"]:
+      return f"{relative} has {found} bytes, {expected['bytes']} were written"
+    if storage.checksum(path) != expected["checksum"]:
       return f"{relative} does not match its checksum"
   return None

@@ -30,12 +30,13 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from bert_jax import checkpoint_integrity
+from bert_jax import checkpoint_integrity, storage
 from bert_jax.data.vocab import Vocab
 
 CHECKPOINTS_DIR = "checkpoints"
 BEST_DIR = "best"
 _TRAIN_ITEMS = ("state", "data", "meta", "vocab")
+_COMMIT_MARKER = "commit_success.txt"  # Written by orbax when a checkpoint is complete.
 _EXPORT_ITEMS = ("params", "meta", "vocab")
 
 
@@ -119,7 +120,7 @@ class Checkpointer:
   """
 
   def __init__(self, workdir: str, checkpoint_config):
-    self.directory = os.path.join(os.path.abspath(workdir), CHECKPOINTS_DIR)
+    self.directory = storage.join(storage.absolute(workdir), CHECKPOINTS_DIR)
     self.save_every_steps = checkpoint_config.save_every_steps
     self._resume_step = _select_step(self.directory, checkpoint_config.on_damaged)
     self._recorder: threading.Thread | None = None  # Writes the pending verification record.
@@ -145,13 +146,14 @@ class Checkpointer:
     temporary directory), in a thread so training goes on meanwhile; process 0 only."""
     if jax.process_index() != 0:
       return
-    step_dir = os.path.join(self.directory, str(step))
+    step_dir = storage.join(self.directory, str(step))
+    poll = 0.5 if storage.is_remote(step_dir) else 0.05  # Seconds between looks.
 
     def record():
-      while not os.path.isdir(step_dir):
+      while not is_committed(step_dir):
         if self._save_failed.is_set():
           return  # Nothing was committed: no record to write.
-        time.sleep(0.05)
+        time.sleep(poll)
       checkpoint_integrity.write_manifest(step_dir)
 
     self._recorder = threading.Thread(target=record, daemon=True, name=f"record-{step}")
@@ -202,7 +204,7 @@ class Checkpointer:
       self._save_failed.clear()
 
   def read_meta(self, step: int) -> dict[str, Any]:
-    return read_meta(os.path.join(self.directory, str(step)))
+    return read_meta(storage.join(self.directory, str(step)))
 
   def restore(self, step: int, abstract_state) -> tuple[Any, bytes]:
     """-> (state with the shardings of `abstract_state`, this process's iterator state)."""
@@ -214,13 +216,13 @@ class Checkpointer:
     """This process's iterator state. A checkpoint from another number of processes is
     accepted when all its processes were at the same position: the pipeline's position counts
     global batches, which mean the same examples for any process count."""
-    directory = os.path.join(self.directory, str(step), "data")
+    directory = storage.join(self.directory, str(step), "data")
     count, index = jax.process_count(), jax.process_index()
-    own = os.path.join(directory, f"process_{index}-of-{count}.json")
-    if os.path.exists(own):
-      return _read_bytes(own)
-    files = sorted(f for f in os.listdir(directory) if f.startswith("process_"))
-    states = {_read_bytes(os.path.join(directory, f)) for f in files}
+    own = storage.join(directory, f"process_{index}-of-{count}.json")
+    if storage.exists(own):
+      return storage.read_bytes(own)
+    files = [f for f in storage.listdir(directory) if f.startswith("process_")]
+    states = {storage.read_bytes(storage.join(directory, f)) for f in files}
     if len(states) != 1:
       written_by = files[0].split("-of-")[1].split(".")[0] if files else "?"
       raise ValueError(
@@ -256,10 +258,13 @@ def _select_step(directory: str, on_damaged: str) -> int | None:
 
 
 def _verified_step(directory: str, on_damaged: str) -> int:
-  steps = sorted(int(n) for n in os.listdir(directory) if n.isdigit()) if os.path.isdir(
-      directory) else []
+  """The newest committed checkpoint that verifies (-1: none committed, -2: none verifies).
+  A save the run never finished (in a bucket: a step directory without orbax's commit marker;
+  locally a temporary directory) is not a checkpoint: orbax removes it at start."""
+  steps = [int(n) for n in storage.listdir(directory) if n.isdigit()]
+  steps = sorted(s for s in steps if is_committed(storage.join(directory, str(s))))
   for step in reversed(steps):
-    step_dir = os.path.join(directory, str(step))
+    step_dir = storage.join(directory, str(step))
     reason = checkpoint_integrity.damage(step_dir)
     if reason is None:
       return step
@@ -269,12 +274,12 @@ def _verified_step(directory: str, on_damaged: str) -> int:
                        "newest intact checkpoint instead")
     aside = f"{step_dir}.damaged"
     copies = 1
-    while os.path.exists(aside):  # The same step damaged again after a rerun.
+    while storage.exists(aside):  # The same step damaged again after a rerun.
       copies += 1
       aside = f"{step_dir}.damaged.{copies}"
     logging.warning("Checkpoint %s is damaged: %s. Set aside as %s; resuming from an older "
-                    "checkpoint", step_dir, reason, os.path.basename(aside))
-    os.replace(step_dir, aside)
+                    "checkpoint", step_dir, reason, storage.basename(aside))
+    storage.rename(step_dir, aside)
   return -2 if steps else -1
 
 
@@ -282,7 +287,7 @@ class BestExport:
   """The best params of a run so far (by the task's main metric) in `<workdir>/best/<step>/`."""
 
   def __init__(self, workdir: str):
-    self.directory = os.path.join(os.path.abspath(workdir), BEST_DIR)
+    self.directory = storage.join(storage.absolute(workdir), BEST_DIR)
     self.manager = ocp.CheckpointManager(
         self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True),
         item_names=_EXPORT_ITEMS)
@@ -308,62 +313,60 @@ class BestExport:
 # ----------------------------------------------------------------------------- readers
 
 
-def _read_bytes(path: str) -> bytes:
-  with open(path, "rb") as f:
-    return f.read()
+def is_committed(step_dir: str) -> bool:
+  """orbax's commit marker: locally it also renames a finished temporary directory, but in a
+  bucket it writes into the step directory itself, so the marker is what says "complete"."""
+  return storage.exists(storage.join(step_dir, _COMMIT_MARKER))
 
 
 def _complete_steps(directory: str) -> list[int]:
-  if not os.path.isdir(directory):
-    return []
-  return sorted(int(n) for n in os.listdir(directory)
-                if n.isdigit() and os.path.isdir(os.path.join(directory, n, "meta")))
+  return sorted(int(n) for n in storage.listdir(directory)
+                if n.isdigit() and is_committed(storage.join(directory, n)))
 
 
 def find_step_dir(path: str) -> str | None:
   """The checkpoint a path means: a step directory itself, the newest step of a `checkpoints/`
   or `best/` directory, or of a workdir (its best export if it has one, else its newest
   training checkpoint). None when there is none (yet)."""
-  path = os.path.abspath(path)
-  if os.path.isdir(os.path.join(path, "meta")):
+  path = storage.absolute(path)
+  if storage.isdir(storage.join(path, "meta")):
     return path
-  for directory in (os.path.join(path, BEST_DIR), os.path.join(path, CHECKPOINTS_DIR), path):
+  for directory in (storage.join(path, BEST_DIR), storage.join(path, CHECKPOINTS_DIR), path):
     steps = _complete_steps(directory)
     if steps:
-      return os.path.join(directory, str(steps[-1]))
+      return storage.join(directory, str(steps[-1]))
   return None
 
 
 def read_meta(step_dir: str) -> dict[str, Any]:
   """The `meta` item of a checkpoint (orbax's JSON item file, read without a manager)."""
-  meta_file = os.path.join(step_dir, "meta", "metadata")
-  if not os.path.isfile(meta_file):
+  meta_file = storage.join(step_dir, "meta", "metadata")
+  if not storage.isfile(meta_file):
     raise ValueError(f"{step_dir}: no meta item ({meta_file}); not a bert_jax checkpoint")
   try:
-    with open(meta_file, encoding="utf-8") as f:
-      return json.load(f)
+    return json.loads(storage.read_text(meta_file))
   except json.JSONDecodeError as e:
     raise ValueError(f"{meta_file} is not valid JSON ({e})") from e
 
 
 def read_vocab(step_dir: str) -> Vocab | None:
   """The checkpoint's vocabulary, or None when it was saved without one."""
-  directory = os.path.join(step_dir, "vocab")
-  return Vocab.load(directory) if os.path.isdir(directory) and os.listdir(directory) else None
+  directory = storage.join(step_dir, "vocab")
+  return Vocab.load(directory) if storage.listdir(directory) else None
 
 
 def restore_params(step_dir: str) -> dict:
   """The params of a checkpoint as float numpy, without knowing its optimizer state: the
   `params` item of a best export, or `params` of a training checkpoint's `state`."""
-  if os.path.isdir(os.path.join(step_dir, "params")):
-    return restore_tree(os.path.join(step_dir, "params"))
-  return restore_tree(os.path.join(step_dir, "state"), subtree="params")
+  if storage.isdir(storage.join(step_dir, "params")):
+    return restore_tree(storage.join(step_dir, "params"))
+  return restore_tree(storage.join(step_dir, "state"), subtree="params")
 
 
 def save_tree(directory: str, tree) -> None:
   """A pytree as an orbax checkpoint of its own (e.g. a pretrained directory's `params/`)."""
   with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(os.path.abspath(directory), tree)
+    checkpointer.save(storage.absolute(directory), tree)
     checkpointer.wait_until_finished()
 
 

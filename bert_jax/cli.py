@@ -10,6 +10,7 @@
   (which the log file always holds).
 """
 
+import atexit
 import logging as std_logging
 import os
 import sys
@@ -18,7 +19,7 @@ from typing import Callable
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax import distributed
+from bert_jax import distributed, storage
 
 # Failures a user can fix, reported in one line; anything else keeps its traceback (a bug).
 # OSError covers missing files, permissions, a full disk and `CheckpointSaveError`.
@@ -44,12 +45,36 @@ def workdir() -> str:
       "runs", os.path.splitext(os.path.basename(config_path))[0])
 
 
+class _AppenderHandler(std_logging.Handler):
+  """Log records into a `storage.Appender` (a bucket's train.log is uploaded every 30 s and at
+  exit: object stores cannot append)."""
+
+  # Loggers of the libraries that do the uploading: their records would come back into this
+  # handler from their I/O threads while it holds its lock (a deadlock), so they stay out.
+  _IO_LOGGERS = ("gcsfs", "fsspec", "google", "urllib3", "aiohttp", "asyncio")
+
+  def __init__(self, path: str):
+    super().__init__()
+    self.appender = storage.Appender(path, flush_seconds=30.0)
+    self.baseFilename = path
+    self.addFilter(lambda record: not record.name.startswith(self._IO_LOGGERS))
+
+  def emit(self, record: std_logging.LogRecord) -> None:
+    try:
+      self.appender.write(self.format(record) + "\n")
+    except Exception:  # pylint: disable=broad-except
+      self.handleError(record)
+
+  def close(self) -> None:
+    self.appender.close()
+    super().close()
+
+
 def log_to_file(directory: str, process_index: int) -> str:
   """Every log record at INFO and above, and the progress lines, into `directory`/train.log
   (train.<process>.log on processes other than 0). -> the file's path."""
-  os.makedirs(directory, exist_ok=True)
   name = "train.log" if process_index == 0 else f"train.{process_index}.log"
-  handler = std_logging.FileHandler(os.path.join(directory, name))
+  handler = _AppenderHandler(storage.join(storage.absolute(directory), name))
   handler.setLevel(std_logging.INFO)
   handler.setFormatter(std_logging.Formatter("%(asctime)s %(levelname)s %(name)s: %(message)s"))
   std_logging.getLogger().addHandler(handler)
@@ -57,7 +82,22 @@ def log_to_file(directory: str, process_index: int) -> str:
   progress.propagate = False  # The console has them already (printed).
   progress.setLevel(std_logging.INFO)
   progress.addHandler(handler)
+  # Written out before the interpreter shuts down: by logging's own shutdown a bucket's client
+  # is closed already. `run` calls it when main() ends; atexit (last in, first out) otherwise.
+  atexit.register(close_log_file, handler)
   return handler.baseFilename
+
+
+def close_log_file(handler: std_logging.Handler | None = None) -> None:
+  """Uploads and closes the log file(s) `log_to_file` opened (all of them without `handler`)."""
+  for logger in (std_logging.getLogger(), std_logging.getLogger(PROGRESS_LOGGER)):
+    for found in list(logger.handlers):
+      if isinstance(found, _AppenderHandler) and handler in (None, found):
+        logger.removeHandler(found)
+        try:
+          found.close()
+        except Exception:  # pylint: disable=broad-except  (e.g. the disk is full: nothing to do)
+          pass
 
 
 def _quiet_console() -> None:
@@ -121,6 +161,7 @@ def run(main: Callable[[], None], *, multi_host: bool = False) -> None:
       distributed.initialize_from_flags()
     try:
       main()
+      close_log_file()
     except EXPECTED_ERRORS as e:
       if flags.FLAGS.debug:
         raise
@@ -130,5 +171,6 @@ def run(main: Callable[[], None], *, multi_host: bool = False) -> None:
       # a consequence of the error just reported: it goes to the log file only.
       logging.get_absl_handler().setLevel(std_logging.CRITICAL + 1)
       std_logging.captureWarnings(True)  # e.g. "coroutine ... was never awaited" at exit.
+      close_log_file()
       sys.exit(1)
   app.run(absl_main, flags_parser=_parse_flags)

@@ -12,13 +12,12 @@ updates and no optimizer state, and stays bit-identical.
 
 import dataclasses
 import json
-import os
 from typing import Any
 
 import jax
 import numpy as np
 
-from bert_jax import finetune_data, tasks, trainer
+from bert_jax import finetune_data, storage, tasks, trainer
 from bert_jax.data.vocab import Vocab
 from bert_jax.metrics_writer import console
 from bert_jax.model import BertConfig
@@ -63,8 +62,7 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   result = trainer.train(config, workdir, run)
   summary = _summary(run, result, train_data, validation)
   if jax.process_index() == 0:
-    with open(os.path.join(workdir, FINAL_EVAL_FILE), "w") as f:
-      json.dump(summary, f, indent=2)
+    storage.write_text(storage.join(workdir, FINAL_EVAL_FILE), json.dumps(summary, indent=2))
   return {**summary, "state": result["state"]}
 
 

@@ -11,13 +11,14 @@ from __future__ import annotations
 
 import csv
 import dataclasses
+import io
 import json
-import os
 import unicodedata
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.data.vocab import Vocab
 
 Record = tuple[str, int, dict[str, Any]]  # (file, line, fields)
@@ -75,11 +76,14 @@ def _csv_value(name: str, value: str) -> Any:
 
 
 def read_records(path: str, data_format: str = "auto") -> list[Record]:
-  """(file, line, fields) of every record of a JSONL or CSV file (blank lines skipped)."""
-  if not os.path.isfile(path):
+  """(file, line, fields) of every record of a JSONL or CSV file, local or in a bucket (blank
+  lines skipped)."""
+  if not storage.isfile(path):
     raise ValueError(f"Data file {path} does not exist")
   records = []
-  with open(path, encoding="utf-8", newline="") as f:
+  # Bytes decoded here (local or in a bucket), with newline="" so that csv
+  # sees line ends as written (quoted fields may hold them). A bucket's file streams too.
+  with io.TextIOWrapper(storage.open_binary(path), encoding="utf-8", newline="") as f:
     if _format_of(path, data_format) == "jsonl":
       for line_number, line in enumerate(f, start=1):
         if not line.strip():

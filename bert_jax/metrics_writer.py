@@ -1,12 +1,15 @@
-"""Where metrics go: the console, `<workdir>/metrics.jsonl` and TensorBoard; process 0 only."""
+"""Where metrics go: the console, `<workdir>/metrics.jsonl` and TensorBoard; process 0 only.
+The workdir may be a bucket (gs://): metrics.jsonl is then uploaded every 30 s, before every
+checkpoint (`flush`) and at the end (objects cannot be appended to: each upload rewrites it)."""
 
 import json
 import logging
-import os
 import sys
 import time
 
 import jax
+
+from bert_jax import storage
 
 
 def console(message: str) -> None:
@@ -25,18 +28,17 @@ class MetricWriter:
     self._tensorboard = None
     if not self.enabled:
       return
-    os.makedirs(workdir, exist_ok=True)
-    self._jsonl = open(os.path.join(workdir, "metrics.jsonl"), "a", encoding="utf-8")
+    storage.makedirs(workdir)
+    self._jsonl = storage.Appender(storage.join(workdir, "metrics.jsonl"), flush_seconds=30.0)
     if tensorboard:
-      from tensorboardX import SummaryWriter  # Light: no TensorFlow needed.
-      self._tensorboard = SummaryWriter(os.path.join(workdir, "tensorboard"))
+      from tensorboardX import SummaryWriter  # Light: no TensorFlow needed; writes gs:// too.
+      self._tensorboard = SummaryWriter(storage.join(workdir, "tensorboard"))
 
   def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
     if not self.enabled:
       return
     record = {"step": step, "split": split, **metrics, "time": time.time()}
     self._jsonl.write(json.dumps(record) + "\n")
-    self._jsonl.flush()
     if self._tensorboard is not None:
       for name, value in metrics.items():
         if isinstance(value, (int, float)):
@@ -45,6 +47,10 @@ class MetricWriter:
 
   def log(self, message: str) -> None:
     console(message)
+
+  def flush(self) -> None:
+    if self._jsonl is not None:
+      self._jsonl.flush()
 
   def close(self) -> None:
     if self._jsonl is not None:

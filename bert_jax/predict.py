@@ -9,13 +9,12 @@ from __future__ import annotations
 
 import dataclasses
 import functools
-import os
 from typing import Any, Sequence
 
 import jax
 import numpy as np
 
-from bert_jax import checkpointing, finetune_data, tasks
+from bert_jax import checkpointing, finetune_data, storage, tasks
 from bert_jax.data.vocab import Vocab
 from bert_jax.model import BertConfig, BertForPreTraining
 
@@ -128,7 +127,7 @@ def load_finetuned(workdir: str) -> Finetuned:
   task = tasks.finetune_task(saved_task["name"])(BertConfig(**meta["model_config"]), settings)
   params = jax.device_put(checkpointing.restore_params(step_dir))
   return Finetuned(task, params, checkpointing.read_vocab(step_dir), meta,
-                   int(os.path.basename(step_dir)))
+                   int(storage.basename(step_dir)))
 
 
 def _outputs(finetuned: Finetuned, data: finetune_data.TaskData,

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 from jax.experimental import multihost_utils
 
-from bert_jax import checkpointing, trainer
+from bert_jax import checkpointing, storage, trainer
 from bert_jax.data import pipeline
 from bert_jax.data.vocab import Vocab
 from bert_jax.masking import MaskingConfig
@@ -86,15 +86,28 @@ def pretraining_task(config, model_config: BertConfig, meta: dict | None) -> Pre
                          examples_per_row(config))
 
 
+def _builtin_root(config, workdir: str) -> str:
+  """Where the built-in corpus is prepared (<root>/data/builtin-<key>): the workdir, or, for a
+  workdir in a bucket, a local directory on each host (ArrayRecord reads local files only):
+  config.data.builtin_cache_dir, else ~/.cache/bert_jax."""
+  if config.data.builtin_cache_dir:
+    return config.data.builtin_cache_dir
+  if storage.is_remote(workdir):
+    return os.path.join(os.path.expanduser("~"), ".cache", "bert_jax")
+  return workdir
+
+
 def _resolve_data(config, workdir: str) -> tuple[str | None, dict]:
-  """(dataset dir, its bert_meta.json) for prepared / builtin data, prepared by process 0 once
-  (cached in the workdir) and checked against the model; (None, {}) for synthetic data."""
+  """(dataset dir, its bert_meta.json) for prepared / builtin data, checked against the model;
+  (None, {}) for synthetic data. The built-in corpus is prepared once and cached: by process 0
+  in a shared workdir, by every host in its own local cache when the workdir is a bucket."""
   if config.data.source == "synthetic":
     return None, {}
-  if config.data.source == "builtin" and jax.process_index() == 0:
-    pipeline.resolve_dataset(config, workdir)
+  root = _builtin_root(config, workdir)
+  if config.data.source == "builtin" and (jax.process_index() == 0 or storage.is_remote(workdir)):
+    pipeline.resolve_dataset(config, root)
   multihost_utils.sync_global_devices("bert_jax: dataset ready")
-  return pipeline.resolve_dataset(config, workdir)
+  return pipeline.resolve_dataset(config, root)
 
 
 def _train_iterator(config, dataset_dir: str | None, vocab_size: int):

@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import os
 import signal
 import time
 from typing import Any, Callable, Iterable, Iterator
@@ -30,7 +29,7 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from bert_jax import checkpointing, flops, optimizer as optimizer_lib, sharding, steps
+from bert_jax import checkpointing, flops, optimizer as optimizer_lib, sharding, steps, storage
 from bert_jax.data.vocab import Vocab
 from bert_jax.metrics_writer import MetricWriter
 from bert_jax.tasks.base import Task
@@ -382,6 +381,7 @@ class _Loop:
 
   def save(self, step: int, state, data_state: bytes) -> None:
     meta = {**self.run.meta, "task": self.run.task.meta(), "best": self.best}
+    self.writer.flush()  # A bucket's metrics.jsonl then holds every step a resume starts after.
     self.checkpointer.save(step, state, data_state, meta, self.run.vocab)
 
   def evaluate_and_export(self, step: int, params) -> None:
@@ -420,7 +420,7 @@ class _Profiler:
 
   def __init__(self, config, workdir: str, first_step: int):
     self.start, self.count = (int(x) for x in config.logging.profile_steps)
-    self.directory = os.path.join(workdir, "profile")
+    self.directory = storage.join(storage.absolute(workdir), "profile")
     self.active = False
     if self.count > 0 and self.start < first_step:
       logging.warning("config.logging.profile_steps starts at step %d, before this run's first "

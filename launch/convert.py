@@ -11,7 +11,10 @@ r"""Converts pretrained BERTs between HuggingFace, TensorFlow (google-research/b
 
 The output of --from_hf/--from_tf is what `bert_jax.load_pretrained` (and so fine-tuning and
 continued pretraining) starts from. TensorFlow is not needed: its checkpoint format is read
-directly.
+directly. Every input and output may be in a bucket (gs://...):
+
+  python launch/convert.py --from_hf=gs://bucket/hf/bert-base-uncased \
+      --output_dir=gs://bucket/pretrained/base
 """
 
 import os
@@ -21,7 +24,7 @@ from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import cli  # pylint: disable=g-import-not-at-top
+from bert_jax import cli, storage  # pylint: disable=g-import-not-at-top
 
 flags.DEFINE_string("from_hf", None, "HuggingFace directory (config.json, model.safetensors or "
                     "pytorch_model.bin, vocab.txt or tokenizer.json).")
@@ -62,12 +65,12 @@ def _convert(flag_values) -> str:
   if modes[0] == "from_hf":
     source = flag_values.from_hf
     config, params, vocab = weights.load_hf(source, lowercase)
-    note = flag_values.note or f"HuggingFace {os.path.abspath(source)}"
+    note = flag_values.note or f"HuggingFace {storage.absolute(source)}"
   else:
     source = flag_values.from_tf
     config, params, vocab = weights.load_tf(source, flag_values.bert_config, flag_values.vocab,
                                             lowercase)
-    note = flag_values.note or f"TensorFlow {os.path.abspath(source)}"
+    note = flag_values.note or f"TensorFlow {storage.absolute(source)}"
   heads = weights.heads_present(params)
   missing = [name for name, present in heads.items() if not present]
   if missing:

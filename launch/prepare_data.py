@@ -7,9 +7,14 @@ Run (one of --input, --tfds_name, --builtin):
   python launch/prepare_data.py --tfds_name=wikipedia/20230601.en --output_dir=data/wiki
   python launch/prepare_data.py --builtin --output_dir=data/builtin --vocab_size=8192
   python launch/prepare_data.py --input=books.txt --output_dir=data/books_mlm --objective=mlm
+  python launch/prepare_data.py --input=books.txt --output_dir=gs://bucket/data/books
 
 Then train with --config.data.source=prepared --config.data.dataset_dir=<output_dir> (and the
 same --config.data.objective and, for mlm_nsp, --config.data.max_examples_per_row).
+
+A gs:// --output_dir is prepared in a local temporary directory ($TMPDIR: it needs room for the
+dataset) and uploaded when complete. Training reads it through a gcsfuse mount of the bucket
+(ArrayRecord reads local files only): --config.data.dataset_dir=/mnt/bucket/data/books.
 """
 
 import hashlib
@@ -44,7 +49,9 @@ _TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir of --
 _BUILTIN = flags.DEFINE_bool("builtin", False, "Use the built-in docstring corpus.")
 _BUILTIN_MAX_MB = flags.DEFINE_float("builtin_max_mb", _DEFAULTS.data.builtin_max_mb,
                                      "Cap on built-in corpus text in MB (0 = all).")
-_OUTPUT_DIR = flags.DEFINE_string("output_dir", None, "New (or empty) dataset directory.")
+_OUTPUT_DIR = flags.DEFINE_string(
+    "output_dir", None, "New (or empty) dataset directory, local or gs://... (prepared locally, "
+    "then uploaded).")
 _VOCAB = flags.DEFINE_string(
     "vocab", "", "Existing vocabulary (sentencepiece .model, WordPiece vocab.txt, "
     "tokenizer.json or a saved vocab dir) instead of training one.")

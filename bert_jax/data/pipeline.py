@@ -25,6 +25,7 @@ import ml_collections
 import numpy as np
 from tensorflow_datasets.proto import tf_example_pb2
 
+from bert_jax import storage
 from bert_jax.data import examples as examples_lib
 from bert_jax.data import packing
 from bert_jax.data import prepare
@@ -81,14 +82,17 @@ def check_dataset_matches(meta: dict[str, Any], vocab_size: int, max_seq_length:
 def resolve_dataset(config: ml_collections.ConfigDict, workdir: str) -> tuple[str, dict]:
   """(dataset_dir, meta) for `config.data.source` "builtin" or "prepared", checked vs config.
 
-  "builtin" prepares the docstring corpus into `<workdir>/data` on first use (cached).
+  "builtin" prepares the docstring corpus into `<workdir>/data` on first use (cached). A
+  prepared dataset in a bucket is refused here, before any device work, with how to mount it:
+  ArrayRecord reads local files only.
   """
   if config.data.source == "builtin":
     dataset_dir = prepare.prepare_builtin(os.path.join(workdir, "data"), config)
   elif config.data.source == "prepared":
     if not config.data.dataset_dir:
       raise ValueError("config.data.source='prepared' needs --config.data.dataset_dir.")
-    dataset_dir = config.data.dataset_dir
+    dataset_dir = storage.require_local(config.data.dataset_dir,
+                                        "The prepared dataset (--config.data.dataset_dir)")
   else:
     raise ValueError(f"config.data.source={config.data.source!r} has no dataset directory "
                      "(expected 'builtin' or 'prepared').")
@@ -143,6 +147,7 @@ class ReadBatch(grain.transforms.Map):
 
 def _split_source(dataset_dir: str, split: str):
   """The split's rows, raw bytes (decoded by `decode_records`)."""
+  storage.require_local(dataset_dir, "The prepared dataset")  # ArrayRecord opens local files.
   prepare.load_meta(dataset_dir)  # Clear error when the directory is not a prepared dataset.
   count = tfds_builder.num_rows(dataset_dir, split)
   if count == 0:

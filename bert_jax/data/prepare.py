@@ -12,7 +12,9 @@ Every record is a row of max_seq_length tokens (`packing`): up to K NSP examples
 rows (its examples shuffled and packed within the block), a bounded number of blocks in flight,
 so memory stays flat whatever the corpus size. Everything is written into a temporary sibling
 directory that is renamed into place at the end: an interrupted preparation never leaves a
-directory that looks complete.
+directory that looks complete. An output directory in a bucket (gs://) is prepared locally, then
+uploaded with its bert_meta.json last, so it too is complete or not a dataset at all (training
+reads it through a gcsfuse mount: ArrayRecord opens local files only).
 """
 
 import collections
@@ -31,6 +33,7 @@ from typing import Any
 
 import ml_collections
 
+from bert_jax import storage
 from bert_jax.data import examples as examples_lib
 
 META_FILE = "bert_meta.json"
@@ -43,8 +46,9 @@ DocumentsFactory = Callable[[], Iterable[Sequence[str]]]
 
 
 def check_output_dir(output_dir: str) -> None:
-  """Raises unless `output_dir` is absent or an empty directory."""
-  if os.path.exists(output_dir) and (not os.path.isdir(output_dir) or os.listdir(output_dir)):
+  """Raises unless `output_dir` (local or in a bucket) is absent or an empty directory."""
+  if storage.exists(output_dir) and (not storage.isdir(output_dir)
+                                     or storage.listdir(output_dir)):
     raise ValueError(f"--output_dir={output_dir} already exists and is not empty; choose a new "
                      "directory or delete it.")
 
@@ -127,6 +131,10 @@ def prepare_dataset(
   for any value. `corpus_stats` (e.g. the `CorpusStats` the factory's reader fills, or a
   callable returning it) is read after the corpus has been consumed and stored in the metadata
   with `corpus_fingerprint`.
+
+  An `output_dir` in a bucket (gs://...) is built in a local temporary directory (under
+  $TMPDIR, which needs room for the whole dataset) and uploaded once complete, bert_meta.json
+  last: the bucket holds a complete dataset or none (a failed upload is removed again).
   """
   settings = examples_lib.ExampleSettings(
       max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
@@ -135,11 +143,49 @@ def prepare_dataset(
   settings.validate()
   if objective == "mlm":  # Recorded as what the rows hold, so the metadata is not misleading.
     settings = dataclasses.replace(settings, max_examples_per_row=1)
-  output_dir = os.path.abspath(output_dir)
+  output_dir = storage.absolute(output_dir)
   check_output_dir(output_dir)
   if num_workers is None:
     num_workers = os.cpu_count() or 1
+  inputs = (documents_factory, vocab, settings, num_workers, corpus_stats, corpus_fingerprint)
+  if not storage.is_remote(output_dir):
+    return _build(output_dir, *inputs)
+  with tempfile.TemporaryDirectory(prefix="bert_jax_prepare_") as staging:
+    local_dir = os.path.join(staging, "dataset")
+    meta = _build(local_dir, *inputs)
+    _upload(local_dir, output_dir)
+  return meta
 
+
+def _upload(local_dir: str, output_dir: str) -> None:
+  """Copies the finished dataset `local_dir` to `output_dir` in a bucket, bert_meta.json last:
+  until it is there `load_meta` refuses the directory, so an interrupted upload never looks like
+  a dataset. A failed upload removes what it wrote (the directory was empty before)."""
+  start = time.time()
+  meta_file = os.path.join(local_dir, META_FILE)
+  with open(meta_file, "rb") as f:
+    meta_bytes = f.read()
+  os.remove(meta_file)
+  try:
+    storage.copy_tree(local_dir, output_dir)
+    storage.write_bytes(storage.join(output_dir, META_FILE), meta_bytes)
+  except BaseException:
+    try:
+      storage.remove_tree(output_dir)
+    except Exception as e:  # pylint: disable=broad-except  (the upload's error matters more)
+      logging.warning("prepare: could not remove the incomplete upload %s (%s); delete it "
+                      "before preparing into it again.", output_dir, e)
+    raise
+  logging.info("prepare: uploaded the dataset to %s in %.1f s", output_dir, time.time() - start)
+
+
+def _build(output_dir: str, documents_factory: DocumentsFactory, vocab,
+           settings: examples_lib.ExampleSettings, num_workers: int, corpus_stats: Any,
+           corpus_fingerprint: str) -> dict[str, Any]:
+  """`prepare_dataset` into the local `output_dir` (absent or empty): built in a temporary
+  sibling directory, renamed into place when complete."""
+  max_seq_length, objective = settings.max_seq_length, settings.objective
+  validation_fraction, block_chars = settings.validation_fraction, settings.block_chars
   parent = os.path.dirname(output_dir)
   os.makedirs(parent, exist_ok=True)
   tmp_dir = os.path.join(
@@ -221,17 +267,17 @@ def prepare_dataset(
 
 
 def load_meta(dataset_dir: str) -> dict[str, Any]:
-  """The `bert_meta.json` of a prepared dataset, with a clear error if it is not one."""
-  if not os.path.isdir(dataset_dir):
+  """The `bert_meta.json` of a prepared dataset (local or in a bucket), with a clear error if it
+  is not one."""
+  if not storage.isdir(dataset_dir):
     raise ValueError(f"Dataset directory {dataset_dir!r} does not exist; prepare it with "
                      f"`python launch/prepare_data.py --output_dir={dataset_dir} ...` "
                      "(or set --config.data.dataset_dir).")
-  path = os.path.join(dataset_dir, META_FILE)
-  if not os.path.isfile(path):
+  path = storage.join(dataset_dir, META_FILE)
+  if not storage.isfile(path):
     raise ValueError(f"{dataset_dir!r} is not a prepared bert_jax dataset (no {META_FILE}); "
                      "prepare it with launch/prepare_data.py.")
-  with open(path) as f:
-    meta = json.load(f)
+  meta = json.loads(storage.read_text(path))
   if meta.get("format_version") != FORMAT_VERSION:
     raise ValueError(f"{dataset_dir!r} was prepared in format_version "
                      f"{meta.get('format_version')} of bert_jax datasets; this version reads "
@@ -245,7 +291,7 @@ def load_vocab(dataset_dir: str):
   from bert_jax.data import vocab as vocab_lib
 
   meta = load_meta(dataset_dir)
-  return vocab_lib.Vocab.load(os.path.join(dataset_dir, meta.get("vocab_dir", VOCAB_DIR)))
+  return vocab_lib.Vocab.load(storage.join(dataset_dir, meta.get("vocab_dir", VOCAB_DIR)))
 
 
 def spool_documents(documents: Iterable[Sequence[str]], path: str) -> None:

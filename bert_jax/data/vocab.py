@@ -8,10 +8,14 @@ hard-coded elsewhere), `encode`, `encode_with_word_starts` (for whole-word maski
 - WordPiece (`vocab.txt` or a HuggingFace `tokenizer.json` of imported checkpoints), through HF
   `tokenizers` with BERT's normalisation; ids equal `transformers.BertTokenizerFast`. A piece
   beginning with "##" continues a word; punctuation is its own word (BERT's pre-tokeniser).
+
+Vocabularies load from and save to local paths or buckets (gs://, through `bert_jax.storage`):
+the files are read into memory and written from it, never through local copies.
 """
 
 from __future__ import annotations
 
+import io
 import json
 import logging
 import os
@@ -20,6 +24,8 @@ import tempfile
 from typing import Iterable, Iterator, Sequence
 
 import numpy as np
+
+from bert_jax import storage
 
 logger = logging.getLogger(__name__)
 
@@ -103,9 +109,9 @@ class Vocab:
     import sentencepiece as spm
 
     _require_file(model_file)
-    processor = spm.SentencePieceProcessor()
     try:
-      processor.load(model_file)
+      # From the bytes rather than the path: sentencepiece opens local files only.
+      processor = spm.SentencePieceProcessor(model_proto=storage.read_bytes(model_file))
     except (OSError, RuntimeError) as e:
       raise ValueError(f"{model_file}: not a sentencepiece model ({e}).") from e
     return cls("sentencepiece", model_file, processor)
@@ -122,7 +128,7 @@ class Vocab:
     _require_file(vocab_file)
     if vocab_file.endswith(".json"):
       try:
-        tokenizer = tokenizers.Tokenizer.from_file(vocab_file)
+        tokenizer = tokenizers.Tokenizer.from_str(storage.read_text(vocab_file))
       except Exception as e:  # tokenizers raises a bare Exception on bad JSON.
         raise ValueError(f"{vocab_file}: not a HuggingFace tokenizer.json ({e}).") from e
       if type(tokenizer.model).__name__ != "WordPiece":
@@ -156,23 +162,25 @@ class Vocab:
 
   @classmethod
   def load(cls, path: str, lowercase: bool | None = None) -> "Vocab":
-    """A vocabulary from a file (`.model`, `vocab.txt`, `tokenizer.json`) or a saved directory."""
-    if os.path.isdir(path):
-      config_path = os.path.join(path, CONFIG_FILE)
-      if os.path.isfile(config_path):
-        with open(config_path) as f:
-          config = json.load(f)
-        file = os.path.join(path, config["file"])
+    """A vocabulary from a file (`.model`, `vocab.txt`, `tokenizer.json`) or a saved directory,
+    local or in a bucket."""
+    path = os.fspath(path)
+    if storage.isdir(path):
+      config_path = storage.join(path, CONFIG_FILE)
+      if storage.isfile(config_path):
+        config = json.loads(storage.read_text(config_path))
+        file = storage.join(path, config["file"])
         if config["kind"] == "sentencepiece":
           return cls.from_sentencepiece(file)
         return cls.from_wordpiece(file, config.get("lowercase") if lowercase is None
                                   else lowercase)
+      names = storage.listdir(path)
       for name in (SENTENCEPIECE_FILE, TOKENIZER_JSON_FILE, WORDPIECE_FILE):
-        if os.path.isfile(os.path.join(path, name)):
-          return cls.load(os.path.join(path, name), lowercase)
-      models = sorted(n for n in os.listdir(path) if n.endswith(".model"))
+        if name in names and storage.isfile(storage.join(path, name)):
+          return cls.load(storage.join(path, name), lowercase)
+      models = [n for n in names if n.endswith(".model")]
       if len(models) == 1:
-        return cls.from_sentencepiece(os.path.join(path, models[0]))
+        return cls.from_sentencepiece(storage.join(path, models[0]))
       raise ValueError(f"{path}: no vocabulary found (expected {SENTENCEPIECE_FILE}, "
                        f"{WORDPIECE_FILE} or {TOKENIZER_JSON_FILE}).")
     _require_file(path)
@@ -189,31 +197,34 @@ class Vocab:
     raise ValueError(f"{path}: unknown vocabulary format (expected a sentencepiece .model, a "
                      f"WordPiece vocab.txt or a tokenizer.json).")
 
+  def model_file(self) -> tuple[str, bytes]:
+    """(name, content) of the vocabulary's own file as `save` writes it: sentencepiece.model,
+    tokenizer.json (a vocabulary loaded from one) or vocab.txt (line i holds the piece of id i).
+    Made from memory, so a vocabulary whose source file is gone still has it."""
+    if self.kind == "sentencepiece":
+      return SENTENCEPIECE_FILE, self._processor.serialized_model_proto()
+    if self.path.endswith(".json"):
+      # pretty=True: the layout `Tokenizer.save` writes.
+      return TOKENIZER_JSON_FILE, self._processor.to_str(pretty=True).encode("utf-8")
+    return WORDPIECE_FILE, "".join(piece + "\n" for piece in self._pieces).encode("utf-8")
+
   def save(self, directory: str) -> None:
-    """Writes the vocabulary into `directory` (plus vocab_config.json), for `Vocab.load(dir)`.
+    """Writes the vocabulary into `directory` (local or in a bucket), plus vocab_config.json,
+    for `Vocab.load(dir)`.
 
     Written from memory, so a vocabulary whose source file is gone (unpickled, or trained in a
     temporary directory) still saves.
     """
-    os.makedirs(directory, exist_ok=True)
-    if self.kind == "sentencepiece":
-      name = SENTENCEPIECE_FILE
-      with open(os.path.join(directory, name), "wb") as f:
-        f.write(self._processor.serialized_model_proto())
-      with open(os.path.join(directory, "sentencepiece.vocab"), "w", encoding="utf-8") as f:
-        for i, piece in enumerate(self._pieces):  # Human-readable, as spm's .vocab file.
-          f.write(f"{piece}\t{self._processor.get_score(i):g}\n")
-    elif self.path.endswith(".json"):
-      name = TOKENIZER_JSON_FILE
-      self._processor.save(os.path.join(directory, name))
-    else:
-      name = WORDPIECE_FILE  # Line i holds the piece of id i.
-      with open(os.path.join(directory, name), "w", encoding="utf-8") as f:
-        f.write("".join(piece + "\n" for piece in self._pieces))
+    directory = os.fspath(directory)
+    storage.makedirs(directory)
+    name, content = self.model_file()
+    storage.write_bytes(storage.join(directory, name), content)
+    if self.kind == "sentencepiece":  # Human-readable, as spm's .vocab file.
+      storage.write_text(storage.join(directory, "sentencepiece.vocab"), "".join(
+          f"{piece}\t{self._processor.get_score(i):g}\n" for i, piece in enumerate(self._pieces)))
     config = {"kind": self.kind, "file": name, "lowercase": self.lowercase, "size": self.size,
               "special_ids": dict(zip(SPECIAL_PIECES, self.special_ids))}
-    with open(os.path.join(directory, CONFIG_FILE), "w") as f:
-      json.dump(config, f, indent=2)
+    storage.write_text(storage.join(directory, CONFIG_FILE), json.dumps(config, indent=2))
 
   # ------------------------------------------------------------------------- encoding
   def encode(self, text: str) -> list[int]:
@@ -378,19 +389,20 @@ def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size:
 
 
 def _require_file(path: str) -> None:
-  if not os.path.exists(path):
+  if not storage.exists(path):
     raise ValueError(f"Vocabulary file {path!r} does not exist.")
-  if not os.path.isfile(path):
+  if not storage.isfile(path):
     raise ValueError(f"Vocabulary path {path!r} is not a file.")
 
 
 def _read_vocab_txt(path: str) -> list[str]:
-  with open(path, encoding="utf-8") as f:
-    return [line.rstrip("\n").rstrip("\r") for line in f]
+  # newline=None: universal newlines, as a text-mode open() splits the lines.
+  lines = io.StringIO(storage.read_bytes(path).decode("utf-8"), newline=None)
+  return [line.rstrip("\n").rstrip("\r") for line in lines]
 
 
 def _looks_like_vocab_txt(path: str) -> bool:
-  with open(path, "rb") as f:
+  with storage.open_binary(path) as f:
     head = f.read(4096)
   try:
     text = head.decode("utf-8")

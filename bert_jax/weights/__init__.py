@@ -10,11 +10,12 @@ guesses a format), and returns float32 numpy params with a float32 `BertConfig`
 (`dataclasses.replace(config, dtype="bfloat16")` for bf16 compute). Heads that are missing are
 named in a warning; `heads_present(params)` tells, and `fill_missing_heads` takes them from
 freshly initialised params when the caller decides to.
+
+Every path may be local or in a bucket (gs://): files go through `bert_jax.storage`, checkpoints
+through orbax.
 """
 
-import os
-
-from bert_jax import checkpointing
+from bert_jax import checkpointing, storage
 from bert_jax.data.vocab import Vocab
 from bert_jax.model import BertConfig
 from bert_jax.weights import bert_jax_dir, hf, tf_bundle, training
@@ -32,20 +33,20 @@ __all__ = ["FORMAT_FILE", "HEADS", "check_params", "detect_format", "fill_missin
 def _is_tf_checkpoint(path: str) -> bool:
   """A bundle prefix, its `.index` file, or a directory holding an `.index` file."""
   suffix = tf_bundle.INDEX_SUFFIX
-  return (os.path.isfile(path + suffix) or (path.endswith(suffix) and os.path.isfile(path))
-          or (os.path.isdir(path) and any(n.endswith(suffix) for n in os.listdir(path))))
+  return (storage.isfile(path + suffix) or (path.endswith(suffix) and storage.isfile(path))
+          or any(n.endswith(suffix) for n in storage.listdir(path)))
 
 
 def detect_format(path: str) -> str:
   """"bert_jax", "training", "huggingface" or "tensorflow" for `path`, or a ValueError."""
-  if os.path.isdir(path):
-    if os.path.isfile(os.path.join(path, bert_jax_dir.FORMAT_FILE)):
+  if storage.isdir(path):
+    if storage.isfile(storage.join(path, bert_jax_dir.FORMAT_FILE)):
       return "bert_jax"
-    if any(os.path.isfile(os.path.join(path, n)) for n in (hf.CONFIG_FILE, *hf.WEIGHTS_FILES)):
+    if any(storage.isfile(storage.join(path, n)) for n in (hf.CONFIG_FILE, *hf.WEIGHTS_FILES)):
       return "huggingface"  # (load_hf names a missing config.json.)
     if checkpointing.find_step_dir(path) is not None:
       return "training"
-    if any(os.path.isdir(os.path.join(path, d))
+    if any(storage.isdir(storage.join(path, d))
            for d in (checkpointing.CHECKPOINTS_DIR, checkpointing.BEST_DIR)):
       raise ValueError(f"{path}: a training workdir without a complete checkpoint yet")
   if _is_tf_checkpoint(path):
@@ -67,8 +68,8 @@ def load_pretrained(path: str) -> tuple[BertConfig, dict, Vocab | None]:
   training or fine-tuning workdir (its checkpoint's params: the BertForPreTraining parts, no
   optimizer state, no task head), a HuggingFace directory or a google-research/bert TF
   checkpoint. Missing heads are absent from the params and named in a warning."""
-  path = os.path.abspath(path)
-  if not os.path.exists(path) and not os.path.exists(path + tf_bundle.INDEX_SUFFIX):
+  path = storage.absolute(path)
+  if not storage.exists(path) and not storage.exists(path + tf_bundle.INDEX_SUFFIX):
     raise ValueError(f"{path} does not exist")
   config, params, vocab = _LOADERS[detect_format(path)](path)
   warn_missing_heads(params, path)

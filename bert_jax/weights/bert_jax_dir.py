@@ -7,12 +7,15 @@ It holds
 - `bert_config.json`: the model config with HuggingFace's field names;
 - `vocab/`: the vocabulary (`Vocab.save`), when known;
 - `bert_jax_pretrained.json`: format version, which heads are present, where it came from.
+
+The directory may be local or in a bucket (gs://): every file goes through `bert_jax.storage`,
+the params through orbax.
 """
 
 import os
 from typing import Mapping
 
-from bert_jax import checkpointing
+from bert_jax import checkpointing, storage
 from bert_jax.data.vocab import Vocab
 from bert_jax.model import BertConfig
 from bert_jax.weights import files
@@ -62,17 +65,18 @@ def save_pretrained(directory: str, params: Mapping, model_config: BertConfig,
                      f"vocab_size={model_config.vocab_size} embeddings")
   # Only now, with everything checked, may an existing directory go.
   directory = files.fresh_output_dir(os.fspath(directory), overwrite)
-  checkpointing.save_tree(os.path.join(directory, PARAMS_DIR), params)
-  files.write_json(os.path.join(directory, CONFIG_FILE),
+  checkpointing.save_tree(storage.join(directory, PARAMS_DIR), params)
+  files.write_json(storage.join(directory, CONFIG_FILE),
                    {**params_lib.config_dict(model_config), "model_type": "bert"})
   if vocab is not None:
-    vocab.save(os.path.join(directory, VOCAB_DIR))
-  files.write_json(os.path.join(directory, FORMAT_FILE), _format_info(params, vocab, note))
+    vocab.save(storage.join(directory, VOCAB_DIR))
+  # Last: a directory without it (an interrupted save) is not taken for a pretrained one.
+  files.write_json(storage.join(directory, FORMAT_FILE), _format_info(params, vocab, note))
   return directory
 
 
 def _read_format_info(directory: str) -> dict:
-  info = files.read_json(os.path.join(directory, FORMAT_FILE))
+  info = files.read_json(storage.join(directory, FORMAT_FILE))
   if info.get("format") != FORMAT_NAME or info.get("format_version", 0) > FORMAT_VERSION:
     raise ValueError(f"{directory}: {FORMAT_FILE} says format {info.get('format')!r} version "
                      f"{info.get('format_version')}; this bert_jax reads {FORMAT_NAME} version "
@@ -84,16 +88,16 @@ def load(directory: str) -> tuple[BertConfig, dict, Vocab | None]:
   """(config, float32 numpy params, vocab or None) of a bert_jax pretrained directory, checked
   against each other and against the heads its FORMAT_FILE records."""
   info = _read_format_info(directory)
-  config_file = os.path.join(directory, CONFIG_FILE)
-  if not os.path.isfile(config_file):
+  config_file = storage.join(directory, CONFIG_FILE)
+  if not storage.isfile(config_file):
     raise ValueError(f"{directory}: no {CONFIG_FILE}")
   config = params_lib.config_from_dict(files.read_json(config_file), config_file)
-  params_dir = os.path.join(directory, PARAMS_DIR)
+  params_dir = storage.join(directory, PARAMS_DIR)
   params = params_lib.check_params(checkpointing.restore_tree(params_dir), config, params_dir)
   recorded = info.get("heads")
   if recorded is not None and recorded != params_lib.heads_present(params):
     raise ValueError(f"{directory}: {FORMAT_FILE} records heads {recorded}, the params hold "
                      f"{params_lib.heads_present(params)}")
-  vocab_dir = os.path.join(directory, VOCAB_DIR)
-  vocab = Vocab.load(vocab_dir) if os.path.isdir(vocab_dir) else None
+  vocab_dir = storage.join(directory, VOCAB_DIR)
+  vocab = Vocab.load(vocab_dir) if storage.isdir(vocab_dir) else None
   return config, params, vocab

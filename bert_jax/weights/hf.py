@@ -6,12 +6,14 @@ BertModel, BertForMaskedLM and BertForPreTraining checkpoints load; heads they l
 Export (`save_hf`): `config.json`, `model.safetensors` with BertForPreTraining names, and the
 vocabulary, readable by `transformers`' `from_pretrained`. Parameter names and layouts come from
 `bert_jax.convert`'s one table.
+
+Directories may be local or in a bucket (gs://, through `bert_jax.storage`): a bucket's weight
+files are read into memory and written from it.
 """
 
+import io
 import logging
 import os
-import shutil
-import tempfile
 import warnings
 from typing import Mapping
 
@@ -19,7 +21,7 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from bert_jax import convert
+from bert_jax import convert, storage
 from bert_jax.data.vocab import Vocab
 from bert_jax.model import BertConfig
 from bert_jax.weights import files
@@ -45,17 +47,43 @@ def read_vocab(directory: str, lowercase: bool | None = None) -> Vocab:
   """tokenizer.json or vocab.txt of a HF directory; casing from tokenizer_config.json unless
   `lowercase` is given."""
   if lowercase is None:
-    tokenizer_config = os.path.join(directory, "tokenizer_config.json")
-    if os.path.isfile(tokenizer_config):
+    tokenizer_config = storage.join(directory, "tokenizer_config.json")
+    if storage.isfile(tokenizer_config):
       lowercase = files.read_json(tokenizer_config).get("do_lower_case")
   for name in VOCAB_FILES:
-    if os.path.isfile(os.path.join(directory, name)):
-      return Vocab.load(os.path.join(directory, name), lowercase)
+    if storage.isfile(storage.join(directory, name)):
+      return Vocab.load(storage.join(directory, name), lowercase)
   raise ValueError(f"{directory}: no vocabulary (expected {' or '.join(VOCAB_FILES)})")
+
+
+# safetensors dtype names -> little-endian numpy dtypes, for files numpy's loader refuses.
+_SAFETENSORS_DTYPES = {"F64": "<f8", "F32": "<f4", "F16": "<f2", "BF16": "bfloat16", "I64": "<i8",
+                       "I32": "<i4", "I16": "<i2", "I8": "i1", "U8": "u1", "BOOL": "?"}
+
+
+def _safetensors_from_bytes(data: bytes) -> dict[str, np.ndarray]:
+  """The tensors of a safetensors file's bytes (a bucket's file: safetensors opens local files
+  only)."""
+  try:
+    return safetensors.numpy.load(data)
+  except KeyError:  # bfloat16, which numpy lacks: decoded through ml_dtypes instead.
+    import ml_dtypes  # pylint: disable=import-outside-toplevel  (a jax dependency)
+    arrays = {}
+    for name, view in safetensors.deserialize(data):
+      if view["dtype"] not in _SAFETENSORS_DTYPES:
+        raise ValueError(f"tensor {name} has dtype {view['dtype']}, which bert_jax cannot "
+                         "read") from None
+      dtype = _SAFETENSORS_DTYPES[view["dtype"]]
+      dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else np.dtype(dtype)
+      # float32, as load_file's bfloat16 fallback below gives.
+      arrays[name] = np.frombuffer(view["data"], dtype).reshape(view["shape"]).astype(np.float32)
+    return arrays
 
 
 def _load_safetensors(path: str) -> dict[str, np.ndarray]:
   try:
+    if storage.is_remote(path):
+      return _safetensors_from_bytes(storage.read_bytes(path))
     try:
       return safetensors.numpy.load_file(path)
     except TypeError:  # bfloat16, which numpy lacks: read through jax (ml_dtypes) instead.
@@ -73,8 +101,10 @@ def _load_torch_bin(path: str) -> dict[str, np.ndarray]:
     raise ValueError(f"Reading {path} needs PyTorch (pip install torch), or convert the "
                      "checkpoint to model.safetensors") from e
   try:
-    # weights_only: never unpickle arbitrary objects from a downloaded file.
-    state = torch.load(path, map_location="cpu", weights_only=True)
+    # A bucket's file as bytes (torch opens local files only); weights_only: never unpickle
+    # arbitrary objects from a downloaded file.
+    source = io.BytesIO(storage.read_bytes(path)) if storage.is_remote(path) else path
+    state = torch.load(source, map_location="cpu", weights_only=True)
   except Exception as e:  # Corrupt zip, unpickling errors, refused globals...
     raise ValueError(f"{path} is not a readable PyTorch state dict ({type(e).__name__}: "
                      f"{e})") from e
@@ -88,17 +118,17 @@ def read_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
   """(state dict as numpy, file it came from) of a HF directory: model.safetensors, else
   pytorch_model.bin (each also sharded with an .index.json)."""
   for name in WEIGHTS_FILES:
-    path = os.path.join(directory, name)
-    if not os.path.isfile(path):
+    path = storage.join(directory, name)
+    if not storage.isfile(path):
       continue
     load = _load_safetensors if ".safetensors" in name else _load_torch_bin
     if not name.endswith(".index.json"):
       return load(path), path
     state = {}
     for file in sorted(set(files.read_json(path).get("weight_map", {}).values())):
-      if not os.path.isfile(os.path.join(directory, file)):
+      if not storage.isfile(storage.join(directory, file)):
         raise ValueError(f"{path} names {file}, which does not exist")
-      state.update(load(os.path.join(directory, file)))
+      state.update(load(storage.join(directory, file)))
     return state, path
   raise ValueError(f"{directory}: no weights (expected one of {', '.join(WEIGHTS_FILES)})")
 
@@ -119,11 +149,11 @@ def load_hf(directory: str, lowercase: bool | None = None) -> tuple[BertConfig, 
   """A HuggingFace BERT directory (config.json, weights, vocab.txt or tokenizer.json) ->
   (config, float32 params, vocab). BertModel, BertForMaskedLM and BertForPreTraining work;
   heads they lack are absent from the params (see `heads_present`)."""
-  directory = os.path.abspath(directory)
-  if not os.path.isdir(directory):
+  directory = storage.absolute(directory)
+  if not storage.isdir(directory):
     raise ValueError(f"HuggingFace directory {directory} does not exist")
-  config_file = os.path.join(directory, CONFIG_FILE)
-  if not os.path.isfile(config_file):
+  config_file = storage.join(directory, CONFIG_FILE)
+  if not storage.isfile(config_file):
     raise ValueError(f"{directory}: no {CONFIG_FILE} (a HuggingFace BERT directory holds "
                      f"{CONFIG_FILE}, model.safetensors or pytorch_model.bin, and "
                      f"{' or '.join(VOCAB_FILES)})")
@@ -185,9 +215,12 @@ def save_hf(output_dir: str, params: Mapping, config: BertConfig, vocab: Vocab |
   state = _state_to_save(params, config, heads)
   output_dir = files.fresh_output_dir(os.fspath(output_dir), overwrite)
   architecture = hf_architecture(heads)
-  files.write_json(os.path.join(output_dir, CONFIG_FILE), _hf_config(config, architecture, vocab))
-  safetensors.numpy.save_file(state, os.path.join(output_dir, "model.safetensors"),
-                              metadata={"format": "pt"})
+  files.write_json(storage.join(output_dir, CONFIG_FILE), _hf_config(config, architecture, vocab))
+  weights_file = storage.join(output_dir, "model.safetensors")
+  if storage.is_remote(weights_file):  # One upload of the bytes (safetensors writes local files).
+    storage.write_bytes(weights_file, safetensors.numpy.save(state, metadata={"format": "pt"}))
+  else:  # Streamed to disk, without a second copy of the weights in memory.
+    safetensors.numpy.save_file(state, weights_file, metadata={"format": "pt"})
   if vocab is not None:
     _save_vocab(output_dir, vocab, config)
   if not heads["pooler"] and architecture != "BertForMaskedLM":
@@ -198,26 +231,26 @@ def save_hf(output_dir: str, params: Mapping, config: BertConfig, vocab: Vocab |
   return architecture
 
 
-def _copy_saved_vocab_file(vocab: Vocab, name: str, output_dir: str) -> None:
-  """Copies the file `name` that `Vocab.save` writes (the vocabulary's own model file)."""
-  with tempfile.TemporaryDirectory() as tmp:
-    vocab.save(tmp)
-    shutil.copyfile(os.path.join(tmp, name), os.path.join(output_dir, name))
+def _write_vocab_model_file(vocab: Vocab, output_dir: str) -> None:
+  """Writes the vocabulary's own model file (sentencepiece.model or tokenizer.json, as
+  `Vocab.save` names it)."""
+  name, content = vocab.model_file()
+  storage.write_bytes(storage.join(output_dir, name), content)
 
 
 def _save_vocab(output_dir: str, vocab: Vocab, config: BertConfig) -> None:
   if vocab.kind == "sentencepiece":
-    _copy_saved_vocab_file(vocab, "sentencepiece.model", output_dir)
+    _write_vocab_model_file(vocab, output_dir)
     logger.warning("%s: the vocabulary is a sentencepiece model (copied as sentencepiece.model);"
                    " HuggingFace's BertTokenizer cannot read it, tokenize with "
                    "sentencepiece or bert_jax.data.vocab.Vocab", output_dir)
     return
-  with open(os.path.join(output_dir, "vocab.txt"), "w", encoding="utf-8") as f:
-    f.write("".join(vocab.id_to_piece(i) + "\n" for i in range(vocab.size)))
+  storage.write_text(storage.join(output_dir, "vocab.txt"),
+                     "".join(vocab.id_to_piece(i) + "\n" for i in range(vocab.size)))
   if vocab.path.endswith(".json"):  # Keep the exact tokenizer (normaliser settings) too.
-    _copy_saved_vocab_file(vocab, "tokenizer.json", output_dir)
+    _write_vocab_model_file(vocab, output_dir)
   tokenizer_config = {"tokenizer_class": "BertTokenizer",
                       "model_max_length": config.max_position_embeddings}
   if vocab.lowercase is not None:
     tokenizer_config["do_lower_case"] = bool(vocab.lowercase)
-  files.write_json(os.path.join(output_dir, "tokenizer_config.json"), tokenizer_config)
+  files.write_json(storage.join(output_dir, "tokenizer_config.json"), tokenizer_config)

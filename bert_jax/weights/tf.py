@@ -3,7 +3,7 @@ beside it), read without TensorFlow.
 
 The tensors come from `tf_bundle.BundleReader`; `hf_name` renames google-research/bert variables
 to HuggingFace BertForPreTraining names, so `bert_jax.convert` stays the one mapping table into
-bert_jax params.
+bert_jax params. The checkpoint may be local or in a bucket (gs://).
 """
 
 import os
@@ -12,6 +12,7 @@ import warnings
 
 import numpy as np
 
+from bert_jax import storage
 from bert_jax.data.vocab import Vocab
 from bert_jax.model import BertConfig
 from bert_jax.weights import files, hf, tf_bundle
@@ -77,19 +78,19 @@ def load_tf(path: str, config_file: str | None = None, vocab_file: str | None = 
             lowercase: bool | None = None) -> tuple[BertConfig, dict, Vocab]:
   """A google-research/bert checkpoint (`bert_model.ckpt` prefix, or its directory) with
   bert_config.json and vocab.txt beside it (or given) -> (config, float32 params, vocab)."""
-  prefix = tf_bundle.resolve_prefix(os.path.abspath(path))
-  directory = os.path.dirname(prefix)
-  reader = tf_bundle.BundleReader(prefix)  # Raises naming the missing .index first.
-  config_file = config_file or os.path.join(directory, CONFIG_FILE)
-  if not os.path.isfile(config_file):
-    raise ValueError(f"{directory}: no {CONFIG_FILE} next to the checkpoint (pass its path)")
-  config = params_lib.config_from_dict(files.read_json(config_file), config_file)
-  if vocab_file is None:
-    if not os.path.isfile(os.path.join(directory, VOCAB_FILE)):
-      raise ValueError(f"{directory}: no vocabulary (expected {VOCAB_FILE}; pass its path)")
-    vocab_file = os.path.join(directory, VOCAB_FILE)
-  vocab = Vocab.load(vocab_file, lowercase)
-  state = hf_state_dict_from_tf(reader)
+  prefix = tf_bundle.resolve_prefix(storage.absolute(path))
+  directory = os.path.dirname(prefix)  # (posix dirname: also right for a gs:// URL.)
+  with tf_bundle.BundleReader(prefix) as reader:  # Raises naming the missing .index first.
+    config_file = config_file or storage.join(directory, CONFIG_FILE)
+    if not storage.isfile(config_file):
+      raise ValueError(f"{directory}: no {CONFIG_FILE} next to the checkpoint (pass its path)")
+    config = params_lib.config_from_dict(files.read_json(config_file), config_file)
+    if vocab_file is None:
+      if not storage.isfile(storage.join(directory, VOCAB_FILE)):
+        raise ValueError(f"{directory}: no vocabulary (expected {VOCAB_FILE}; pass its path)")
+      vocab_file = storage.join(directory, VOCAB_FILE)
+    vocab = Vocab.load(vocab_file, lowercase)
+    state = hf_state_dict_from_tf(reader)
   params = hf.params_from_state(state, config, f"{reader.index_file} (with {config_file})")
   params_lib.check_vocab_fits(vocab, config, directory)
   return config, params, vocab

@@ -7,6 +7,9 @@ serialized `BundleEntryProto` (dtype, shape, shard id, offset, size, masked crc3
 `<prefix>.data-0000i-of-0000n`, the raw little-endian tensor bytes. `BundleReader` reads it and
 checks every tensor's size and checksum. This module knows nothing of BERT: `weights/tf.py` maps
 google-research/bert's variable names. (The tests write bundles with `tests/tf_bundle_writer.py`.)
+
+Bundles may be local or in a bucket (gs://): the index is read whole, the data files through
+seekable handles (`storage.open_binary`), so only the tensors asked for are fetched.
 """
 
 from __future__ import annotations
@@ -15,8 +18,11 @@ import dataclasses
 import os
 import re
 import struct
+from typing import BinaryIO
 
 import numpy as np
+
+from bert_jax import storage
 
 INDEX_SUFFIX = ".index"
 TABLE_MAGIC = 0xDB4775248B80FB57
@@ -290,19 +296,20 @@ def resolve_prefix(path: str) -> str:
   """`bert_model.ckpt`, `bert_model.ckpt.index` or a directory holding one `*.index` -> prefix."""
   if path.endswith(INDEX_SUFFIX):
     path = path[:-len(INDEX_SUFFIX)]
-  if os.path.isdir(path):
-    state_file = os.path.join(path, "checkpoint")  # TF's "model_checkpoint_path: ..." file.
-    if os.path.isfile(state_file):
-      with open(state_file, encoding="utf-8") as f:
-        match = re.search(r'^model_checkpoint_path:\s*"(.*)"', f.read(), re.M)
+  if storage.isdir(path):
+    state_file = storage.join(path, "checkpoint")  # TF's "model_checkpoint_path: ..." file.
+    if storage.isfile(state_file):
+      match = re.search(r'^model_checkpoint_path:\s*"(.*)"', storage.read_text(state_file), re.M)
       if match:
         prefix = match.group(1)
-        return prefix if os.path.isabs(prefix) else os.path.join(path, prefix)
-    indexes = sorted(n for n in os.listdir(path) if n.endswith(INDEX_SUFFIX))
+        if os.path.isabs(prefix) or storage.is_remote(prefix):
+          return prefix
+        return storage.join(path, prefix)
+    indexes = [n for n in storage.listdir(path) if n.endswith(INDEX_SUFFIX)]
     if len(indexes) != 1:
       raise ValueError(f"{path}: expected one TensorFlow checkpoint (<prefix>.index) in the "
                        f"directory, found {indexes or 'none'}")
-    return os.path.join(path, indexes[0][:-len(INDEX_SUFFIX)])
+    return storage.join(path, indexes[0][:-len(INDEX_SUFFIX)])
   return path
 
 
@@ -311,18 +318,23 @@ def data_filename(prefix: str, shard: int, num_shards: int) -> str:
 
 
 class BundleReader:
-  """Reads the tensors of a TF tensor-bundle checkpoint (`<prefix>.index` + data shards)."""
+  """Reads the tensors of a TF tensor-bundle checkpoint (`<prefix>.index` + data shards), local
+  or in a bucket.
+
+  Data files stay open between reads (a bucket file's handle keeps what it fetched ahead, and
+  is not looked up again per tensor): `close()` them, or use the reader as a context manager.
+  """
 
   def __init__(self, prefix: str):
     self.prefix = prefix
     self.index_file = prefix + INDEX_SUFFIX
-    if not os.path.isfile(self.index_file):
+    self._data_files: dict[int, BinaryIO] = {}
+    if not storage.isfile(self.index_file):
       hint = (" (this looks like a TF1 'V1' checkpoint, which is not supported)"
-              if os.path.isfile(prefix) else "")
+              if storage.isfile(prefix) else "")
       raise ValueError(f"TensorFlow checkpoint index {self.index_file} does not exist{hint}; "
                        "pass the checkpoint prefix, e.g. .../bert_model.ckpt")
-    with open(self.index_file, "rb") as f:
-      index_bytes = f.read()
+    index_bytes = storage.read_bytes(self.index_file)
     try:
       table = read_table(index_bytes)
       if not table or table[0][0] != b"":
@@ -335,6 +347,27 @@ class BundleReader:
     self.num_shards = int(header.get(1, 1))
     if header.get(2, 0) != 0:
       raise ValueError(f"{self.index_file}: big-endian checkpoints are not supported")
+
+  def __enter__(self) -> "BundleReader":
+    return self
+
+  def __exit__(self, *exc_info) -> None:
+    self.close()
+
+  def close(self) -> None:
+    """Closes the data files opened by `read` (a later `read` opens them again)."""
+    files, self._data_files = list(self._data_files.values()), {}
+    for f in files:
+      f.close()
+
+  def _data_file(self, shard: int) -> BinaryIO:
+    """The open data file of `shard` (seekable: tensors are read at their offsets)."""
+    if shard not in self._data_files:
+      data_file = data_filename(self.prefix, shard, self.num_shards)
+      if not storage.isfile(data_file):
+        raise ValueError(f"TensorFlow checkpoint data file {data_file} does not exist")
+      self._data_files[shard] = storage.open_binary(data_file)
+    return self._data_files[shard]
 
   def names(self) -> list[str]:
     return sorted(self.entries)
@@ -356,11 +389,9 @@ class BundleReader:
       raise ValueError(f"{self.index_file}: {name} records {entry.size} bytes for shape "
                        f"{entry.shape} of {dtype}")
     data_file = data_filename(self.prefix, entry.shard_id, self.num_shards)
-    if not os.path.isfile(data_file):
-      raise ValueError(f"TensorFlow checkpoint data file {data_file} does not exist")
-    with open(data_file, "rb") as f:
-      f.seek(entry.offset)
-      raw = f.read(entry.size)
+    f = self._data_file(entry.shard_id)
+    f.seek(entry.offset)
+    raw = f.read(entry.size)
     if len(raw) != entry.size:
       raise ValueError(f"{data_file} is truncated: {name} needs bytes {entry.offset}.."
                        f"{entry.offset + entry.size}, the file has fewer")
