@@ -3,6 +3,8 @@
 One table (`_param_table`) lists every parameter once: its HuggingFace name, its path in the
 bert_jax tree and the layout change between them (PyTorch `Linear` stores [out, in]; Flax stores
 [in, out], with attention kernels split per head). Both directions read the same table.
+HuggingFace state dicts hold the real vocabulary; bert_jax params follow their config's padding
+(`BertConfig.vocab_pad_multiple`; `model.pad_vocab` / `model.unpad_vocab` at the boundary).
 """
 
 import dataclasses
@@ -11,7 +13,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from bert_jax.model import BertConfig
+from bert_jax.model import BertConfig, pad_vocab, unpad_vocab
 
 # HuggingFace keys that are buffers, not parameters: accepted and ignored.
 _BUFFER_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")
@@ -109,7 +111,8 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> BertConfig:
   if position_type != "absolute":
     raise ValueError(f"position_embedding_type={position_type!r} is not supported (only "
                      "BERT's learned absolute positions)")
-  fields = [f.name for f in dataclasses.fields(BertConfig) if f.name not in ("dtype", "param_dtype")]
+  fields = [f.name for f in dataclasses.fields(BertConfig)
+            if f.name not in ("dtype", "param_dtype")]
   return BertConfig(**{name: hf_config[name] for name in fields if name in hf_config})
 
 
@@ -134,12 +137,14 @@ def _normalise_keys(state_dict: Mapping[str, Any]) -> dict[str, np.ndarray]:
 
 
 def params_from_hf(state_dict: Mapping[str, Any], config: BertConfig) -> dict:
-  """HF `BertModel`/`BertForPreTraining`/`BertForMaskedLM` state dict -> bert_jax params.
+  """HF `BertModel`/`BertForPreTraining`/`BertForMaskedLM` state dict -> bert_jax params (in
+  `config`'s vocabulary padding; the state dict has the real vocabulary).
 
   Values may be numpy arrays or torch tensors. Parameters of heads the checkpoint lacks (the
   pooler, MLM or NSP head) are left out and named in a warning; they are never invented.
   Unknown keys, missing encoder keys and shape mismatches raise a ValueError naming the key.
   """
+  padded_config, config = config, dataclasses.replace(config, vocab_pad_multiple=1)
   tensors = _normalise_keys(state_dict)
   shapes = _expected_shapes(config)
   table = _param_table(config)
@@ -191,12 +196,14 @@ def params_from_hf(state_dict: Mapping[str, Any], config: BertConfig) -> dict:
     warnings.warn(f"The checkpoint has no {', '.join(absent)}; only the parameters present were "
                   "converted (the missing ones must be initialised, e.g. by fine-tuning)",
                   stacklevel=2)
-  return params
+  return pad_vocab(params, padded_config)
 
 
 def params_to_hf(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:
-  """bert_jax `BertForPreTraining` params -> state dict with BertForPreTraining names (numpy),
-  including the tied decoder weight and bias that `load_state_dict(strict=True)` expects."""
+  """bert_jax `BertForPreTraining` params (in `config`'s vocabulary padding) -> state dict with
+  BertForPreTraining names (numpy, the real vocabulary), including the tied decoder weight and
+  bias that `load_state_dict(strict=True)` expects."""
+  config, params = unpad_vocab(config, params)
   shapes = _expected_shapes(config)
   out = {}
   for entry in _param_table(config):

@@ -15,12 +15,11 @@ import json
 from typing import Any
 
 import jax
-import numpy as np
 
 from bert_jax import finetune_data, storage, tasks, trainer
 from bert_jax.data.vocab import Vocab
 from bert_jax.metrics_writer import console
-from bert_jax.model import BertConfig
+from bert_jax.model import BertConfig, num_params
 
 FINAL_EVAL_FILE = "final_eval.json"
 
@@ -77,7 +76,9 @@ def load_encoder(config) -> Encoder:
         raise ValueError(f"{config.init_from} has no vocabulary; give --config.vocab (the one "
                          "it was pretrained with)")
       vocab = Vocab.load(config.vocab)
-    model_config = dataclasses.replace(model_config, dtype=config.model.dtype)
+    # Compute dtype and vocabulary padding are this run's layout (`initial_params` pads).
+    model_config = dataclasses.replace(model_config, dtype=config.model.dtype,
+                                       vocab_pad_multiple=config.model.vocab_pad_multiple)
     return Encoder(model_config, params, vocab, config.init_from)
   if not config.vocab:
     raise ValueError("Training from scratch (config.init_from is empty) needs --config.vocab")
@@ -125,7 +126,7 @@ def _log_setup(config, task: tasks.FinetuneTask, encoder: Encoder,
     if data is not None:
       console(task.describe(name, data))
   shapes = jax.eval_shape(lambda: task.model.init(jax.random.key(0), *task.example_inputs()))
-  sizes = {k: sum(int(np.prod(x.shape)) for x in jax.tree.leaves(v))
+  sizes = {k: num_params({k: v}, c)  # Real vocabulary rows only.
            for k, v in shapes["params"].items()}
   frozen = sum(sizes[k] for k in task.frozen)
   console(f"{'Frozen encoder: training the head only' if frozen else 'Full fine-tuning'} "

@@ -1,5 +1,6 @@
 """FLOPs of BERT pretraining, counted for an encoder: bidirectional attention (the full L x L
-score matrix, no causal halving) and the MLM head at the P gathered positions only."""
+score matrix, no causal halving) and the MLM head at the P gathered positions only, over the real
+vocabulary (`vocab_size`; the rows of `vocab_pad_multiple` padding are layout, not model work)."""
 
 from bert_jax.model import BertConfig
 

@@ -2,7 +2,15 @@
 
 Read top to bottom: config -> embeddings -> attention -> layer -> encoder -> BertModel ->
 pretraining heads. Shapes: B batch, L sequence length, H hidden size, N heads, D head size,
-F intermediate size, P predictions per sequence, V vocabulary size.
+F intermediate size, P predictions per sequence, V vocabulary size, V' the padded vocabulary
+(`BertConfig.padded_vocab_size`).
+
+Vocabulary padding: the word-embedding table (and with it the tied MLM decoder) and the MLM bias
+hold V' >= V rows, V rounded up to `vocab_pad_multiple`, so that the vocabulary dimension splits
+over a tensor axis of 4 or 8 (30,522 does not; Megatron and MaxText pad to 128). The padded rows
+are never looked up (ids are < V) and never predicted (the MLM logits are cut to V), so losses
+and predictions are those of the unpadded model with the same real rows. Weights enter and leave
+the padded layout through `pad_vocab` / `unpad_vocab`: exchange formats hold the V real rows.
 
 Packed rows: several [CLS] A [SEP] B [SEP] examples share a row; `segment_ids` keep attention
 inside each example, `position_ids` restart at 0 in each, and the pooler and NSP head read each
@@ -23,6 +31,7 @@ from typing import Any
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 # Logical axis names of parameters and activations.
 BATCH = "batch"
@@ -54,9 +63,14 @@ class BertConfig:
   dtype: Dtype = jnp.float32
   param_dtype: Dtype = jnp.float32
   dropout_rng: str = "hash"  # Random bits of dropout masks: "hash" or "threefry" (see `dropout`).
-  # jax.nn.dot_product_attention's implementation where no attention dropout applies: "xla"
-  # (anywhere) or "cudnn" (NVIDIA GPUs, fused).
+  # Attention where no attention dropout applies: jax.nn.dot_product_attention's "xla"
+  # (anywhere) or "cudnn" (NVIDIA GPUs, fused), or "einsum" (the explicit scores + softmax
+  # path that attention dropout always takes; a reference).
   attention_impl: str = "xla"
+  # The embedding table and MLM bias get vocab_size rounded up to a multiple of this many rows
+  # (1 = no padding; see the module docstring). 1 is also the layout of exchange formats and of
+  # configs saved before the field existed; configs/base.py sets 128.
+  vocab_pad_multiple: int = 1
 
   def __post_init__(self):
     if self.hidden_size % self.num_attention_heads:
@@ -72,12 +86,20 @@ class BertConfig:
     if self.attention_impl not in _ATTENTION_IMPLS:
       raise ValueError(f"attention_impl={self.attention_impl!r} is not supported; use one of "
                        f"{list(_ATTENTION_IMPLS)}")
+    if not isinstance(self.vocab_pad_multiple, int) or self.vocab_pad_multiple < 1:
+      raise ValueError(f"vocab_pad_multiple={self.vocab_pad_multiple!r} must be an integer >= 1 "
+                       "(1: no padding)")
     for name in ("dtype", "param_dtype"):  # Accept "bfloat16" etc. from configs.
       object.__setattr__(self, name, jnp.dtype(getattr(self, name)))
 
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_attention_heads
+
+  @property
+  def padded_vocab_size(self) -> int:
+    """V': rows of the word-embedding table and the MLM bias."""
+    return padded_size(self.vocab_size, self.vocab_pad_multiple)
 
   @classmethod
   def from_config(cls, model_config) -> "BertConfig":
@@ -88,6 +110,11 @@ class BertConfig:
     if unknown:
       raise ValueError(f"Unknown config.model fields: {unknown}")
     return cls(**values)
+
+
+def padded_size(size: int, multiple: int) -> int:
+  """`size` rounded up to a multiple of `multiple`."""
+  return -(-size // multiple) * multiple
 
 
 def _gelu(x):
@@ -104,7 +131,7 @@ _ACTIVATIONS = {
 
 
 _DROPOUT_RNGS = ("hash", "threefry")
-_ATTENTION_IMPLS = ("xla", "cudnn")
+_ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
 # Added to the float32 scores of masked keys: finite (a row with no key to attend to gets a
 # uniform softmax, not NaN), as jax.nn.dot_product_attention's own mask value.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -214,7 +241,7 @@ class Embeddings(nn.Module):
         n, c.hidden_size, dtype=c.dtype, param_dtype=c.param_dtype,
         embedding_init=_init(c, (VOCAB, EMBED) if name == "word_embeddings" else (None, EMBED)),
         name=name)
-    self.word_embeddings = embed(c.vocab_size, "word_embeddings")
+    self.word_embeddings = embed(c.padded_vocab_size, "word_embeddings")  # [V', H]
     self.position_embeddings = embed(c.max_position_embeddings, "position_embeddings")
     self.token_type_embeddings = embed(c.type_vocab_size, "token_type_embeddings")
     self.layer_norm = LayerNorm(c, name="LayerNorm")
@@ -231,10 +258,10 @@ class Embeddings(nn.Module):
     return _dropout(self, x, self.config.hidden_dropout_prob, deterministic)
 
   def attend(self, x):
-    """Scores of hidden states [..., H] against every token embedding (the tied MLM decoder)
-    -> [..., V] float32: `dtype` inputs, float32 accumulation and output."""
+    """Scores of hidden states [..., H] against every row of the embedding table (the tied MLM
+    decoder) -> [..., V'] float32: `dtype` inputs, float32 accumulation and output."""
     c = self.config
-    table = self.word_embeddings.embedding  # [V, H]
+    table = self.word_embeddings.embedding  # [V', H]
     return jnp.einsum("...h,vh->...v", x.astype(c.dtype), table.astype(c.dtype),
                       preferred_element_type=jnp.float32)
 
@@ -273,19 +300,27 @@ class SelfAttention(nn.Module):
     key = proj("key")(x)
     value = proj("value")(x)
     dropout_rate = 0.0 if deterministic else c.attention_probs_dropout_prob
-    if dropout_rate == 0.0:
+    if dropout_rate == 0.0 and c.attention_impl != "einsum":
       # The fused path; it has no attention-probability dropout.
       context = jax.nn.dot_product_attention(
           query, key, value, mask=mask, implementation=c.attention_impl)  # [B, L, N, D]
     else:
-      scores = jnp.einsum("bqnd,bknd->bnqk", query, key,
-                          preferred_element_type=jnp.float32) / jnp.sqrt(c.head_dim)
-      scores = jnp.where(mask, scores, _MASK_VALUE)
-      probs = jax.nn.softmax(scores, axis=-1)  # [B, N, L, L] f32
-      probs = _dropout(self, probs, dropout_rate, deterministic=False).astype(c.dtype)
-      context = jnp.einsum("bnqk,bknd->bqnd", probs, value)
+      context = einsum_attention(
+          query, key, value, mask,
+          lambda probs: _dropout(self, probs, dropout_rate, deterministic=False))
     return _Einsum(c, (*heads, c.hidden_size), (HEADS, KV, EMBED), (c.hidden_size,), (EMBED,),
                    "blnd,ndh->blh", name="output")(context)  # [B, L, H]
+
+
+def einsum_attention(query, key, value, mask, dropout_probs=lambda probs: probs):
+  """Attention written out: query/key/value [B, L, N, D] (compute dtype), mask [B, 1, L, L]
+  bool -> context [B, L, N, D]. Scores and softmax in float32; `dropout_probs` maps the
+  probabilities [B, N, L, L] f32 (attention dropout) before they weight the values."""
+  scores = jnp.einsum("bqnd,bknd->bnqk", query, key,
+                      preferred_element_type=jnp.float32) / jnp.sqrt(query.shape[-1])
+  scores = jnp.where(mask, scores, _MASK_VALUE)
+  probs = dropout_probs(jax.nn.softmax(scores, axis=-1))  # [B, N, L, L] f32
+  return jnp.einsum("bnqk,bknd->bqnd", probs.astype(value.dtype), value)
 
 
 class Layer(nn.Module):
@@ -367,9 +402,9 @@ class MaskedLMHead(nn.Module):
     c = self.config
     h = _dense(c, c.hidden_size, (EMBED, None), "transform")(hidden)
     h = LayerNorm(c, name="transform_LayerNorm")(_ACTIVATIONS[c.hidden_act](h))
-    bias = self.param("bias", _zeros((VOCAB,)), (c.vocab_size,), c.param_dtype)
-    logits = bert.attend(h)  # [B, P, V] f32
-    return logits + bias.astype(jnp.float32)
+    bias = self.param("bias", _zeros((VOCAB,)), (c.padded_vocab_size,), c.param_dtype)
+    logits = bert.attend(h) + bias.astype(jnp.float32)  # [B, P, V'] f32
+    return logits[..., :c.vocab_size]  # [B, P, V]: padded entries are never predicted.
 
 
 class BertForPreTraining(nn.Module):
@@ -394,3 +429,70 @@ class BertForPreTraining(nn.Module):
         "mlm_logits": self.mlm(masked, self.bert),
         "nsp_logits": self.nsp(pooled),
     }
+
+
+# --------------------------------------------------------------------------- vocabulary padding
+
+# Params with one row per vocabulary entry (the tied decoder reuses the word embeddings).
+VOCAB_PARAMS = (("bert", "embeddings", "word_embeddings", "embedding"), ("mlm", "bias"))
+
+
+def _at(tree, path: tuple[str, ...]):
+  """The leaf of a nested params dict at `path`, or None when a part of the path is absent."""
+  for key in path:
+    if not hasattr(tree, "keys") or key not in tree:
+      return None
+    tree = tree[key]
+  return tree
+
+
+def _replace_at(tree, path: tuple[str, ...], fn) -> dict:
+  """Copy of a nested dict with `fn` applied to the leaf at `path` (the nodes along the path are
+  copied, the rest shared); `tree` itself when the path is absent."""
+  if path[0] not in tree:
+    return tree
+  value = tree[path[0]]
+  return {**tree, path[0]: fn(value) if len(path) == 1 else _replace_at(value, path[1:], fn)}
+
+
+def _with_vocab_rows(params, vocab_size: int, rows: int) -> dict:
+  """Copy of a params tree whose `VOCAB_PARAMS` hold `rows` rows: their first `vocab_size`
+  rows, then zeros. Parts absent from `params` (e.g. the MLM head) stay absent. numpy leaves
+  stay numpy, jax arrays stay jax arrays."""
+  def resize(path, table):
+    if table.shape[0] < vocab_size:
+      raise ValueError(f"{'/'.join(path)} has {table.shape[0]} rows, fewer than "
+                       f"vocab_size={vocab_size}")
+    xp = jnp if isinstance(table, jax.Array) else np
+    padding = xp.zeros((rows - vocab_size, *table.shape[1:]), table.dtype)
+    return xp.concatenate([table[:vocab_size], padding])
+
+  for path in VOCAB_PARAMS:
+    params = _replace_at(params, path, lambda table, path=path: resize(path, table))
+  return dict(params)
+
+
+def pad_vocab(params, config: BertConfig) -> dict:
+  """Params of the same model at any vocabulary padding (e.g. the V real rows of a HuggingFace
+  import) -> the layout of `config`: `config.padded_vocab_size` rows, zeros after the real V."""
+  return _with_vocab_rows(params, config.vocab_size, config.padded_vocab_size)
+
+
+def unpad_vocab(config: BertConfig, params) -> tuple[BertConfig, dict]:
+  """(config, params) of a padded model -> the real-vocabulary model (vocab_pad_multiple 1,
+  V rows), as exchange formats hold it."""
+  real = dataclasses.replace(config, vocab_pad_multiple=1)
+  return real, _with_vocab_rows(params, config.vocab_size, config.vocab_size)
+
+
+def num_params(params, config: BertConfig) -> int:
+  """Parameters of a params tree (arrays or shape structs) over the real vocabulary: the padded
+  rows are layout, not model, so BERT-Base counts HuggingFace's 110,106,428 at any padding.
+  Boxed (logically partitioned) leaves, as `init` returns them, count as their values."""
+  params = nn.meta.unbox(params)
+  total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
+  for path in VOCAB_PARAMS:
+    table = _at(params, path)
+    if table is not None:
+      total -= (table.shape[0] - config.vocab_size) * int(np.prod(table.shape[1:]))
+  return total

@@ -1,7 +1,9 @@
 """The device mesh (data / fsdp / tensor axes) and the logical-axis rules that place arrays on it.
 
 Parameters carry logical axis names (see `bert_jax/model.py`); `config.mesh.logical_axis_rules`
-maps them onto mesh axes. Batches are split over data x fsdp.
+maps them onto mesh axes. Batches are split over data x fsdp. Every dimension that a rule splits
+must divide by the mesh axes it maps to: `check_divisibility` tells which config field does not,
+before anything compiles (XLA would fail later with a bare IndivisibleError).
 """
 
 import math
@@ -57,6 +59,53 @@ def make_mesh(mesh_config, devices: Sequence[Any] | None = None) -> Mesh:
 def logical_rules(mesh_config) -> tuple[tuple[str, Any], ...]:
   return tuple((name, tuple(axes) if isinstance(axes, list) else axes)
                for name, axes in mesh_config.logical_axis_rules)
+
+
+def _mesh_axes(rules, logical: str) -> tuple[str, ...]:
+  """The mesh axes the first rule for `logical` maps it to (flax's lookup); () = replicated."""
+  for name, axes in rules:
+    if name == logical:
+      return () if axes is None else (axes,) if isinstance(axes, str) else tuple(axes)
+  return ()
+
+
+def sharded_dims(model_config) -> dict[str, tuple[int, str, str]]:
+  """Logical axis -> (size, the config fields it comes from, "<what> is") for every parameter
+  dimension that the logical rules may split. (The batch: `batch_size_per_shard`.)"""
+  c = model_config
+  vocab = (f"config.model.vocab_size={c.vocab_size} padded to a multiple of "
+           f"config.model.vocab_pad_multiple={c.vocab_pad_multiple} ({c.padded_vocab_size} rows)")
+  return {
+      "heads": (c.num_attention_heads, f"config.model.num_attention_heads="
+                f"{c.num_attention_heads}", "the attention heads are"),
+      "mlp": (c.intermediate_size, f"config.model.intermediate_size={c.intermediate_size}",
+              "the MLP width is"),
+      "vocab": (c.padded_vocab_size, vocab, "the vocabulary is"),
+      "embed": (c.hidden_size, f"config.model.hidden_size={c.hidden_size}", "the hidden width is"),
+      "kv": (c.head_dim, f"config.model.hidden_size / num_attention_heads = {c.head_dim}",
+             "the head size is"),
+  }
+
+
+def check_divisibility(model_config, mesh_sizes: dict[str, int], rules) -> None:
+  """Raises a one-line ValueError naming the config fields when a dimension the logical `rules`
+  split over mesh axes does not divide by their product (`mesh_sizes`: axis -> size)."""
+  for logical, (size, fields, what) in sharded_dims(model_config).items():
+    axes = _mesh_axes(rules, logical)
+    unknown = [axis for axis in axes if axis not in mesh_sizes]
+    if unknown:
+      raise ValueError(f"config.mesh.logical_axis_rules maps {logical!r} to {unknown}, which are "
+                       f"not mesh axes {tuple(mesh_sizes)}")
+    shards = math.prod(mesh_sizes[axis] for axis in axes)
+    if size % shards == 0:
+      continue
+    mesh = " x ".join(f"config.mesh.{axis}={mesh_sizes[axis]}" for axis in axes)
+    hint = ""
+    if logical == "vocab":
+      hint = (f"; set config.model.vocab_pad_multiple to a multiple of {shards}, e.g. "
+              f"{math.lcm(128, shards)}")
+    raise ValueError(f"{fields} does not divide by {mesh} ({what} split over "
+                     f"{'x'.join(axes)} by config.mesh.logical_axis_rules){hint}")
 
 
 def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:

@@ -32,6 +32,7 @@ from jax.experimental import multihost_utils
 from bert_jax import checkpointing, flops, optimizer as optimizer_lib, sharding, steps, storage
 from bert_jax.data.vocab import Vocab
 from bert_jax.metrics_writer import MetricWriter
+from bert_jax.model import padded_size
 from bert_jax.tasks.base import Task
 
 # The config.train fields the compiled step depends on (with the task, mesh and rules).
@@ -93,6 +94,13 @@ def program(task: Task, step_items: tuple[tuple[str, Any], ...], mesh, rules) ->
 def make_program(config, task: Task, mesh) -> Program:
   items = tuple((name, config.train[name]) for name in STEP_FIELDS)
   return program(task, items, mesh, sharding.logical_rules(config.mesh))
+
+
+def check_mesh(config, task: Task, mesh) -> None:
+  """The model's sharded dimensions and the batch sizes against the mesh, before compiling."""
+  sharding.check_divisibility(task.model_config, dict(mesh.shape),
+                              sharding.logical_rules(config.mesh))
+  check_batch_sizes(config, mesh)
 
 
 def check_batch_sizes(config, mesh) -> None:
@@ -163,7 +171,7 @@ def compile_report(config, task: Task) -> dict[str, Any]:
   (nothing allocated, no data read) -> per-device memory and FLOPs, to tell before a long run
   whether a config fits a chip."""
   mesh = sharding.make_mesh(config.mesh)
-  check_batch_sizes(config, mesh)
+  check_mesh(config, task, mesh)
   prog = make_program(config, task, mesh)
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
     start = time.time()
@@ -230,6 +238,13 @@ def check_resumable(checkpointer: checkpointing.Checkpointer, run: Run) -> None:
                      f"this run is {run.task.name!r}; use another --workdir")
   checkpointing.check_compatible(saved["model_config"], run.meta["model_config"],
                                  checkpointer.directory)
+  # Checkpoints from before vocabulary padding record no vocab_pad_multiple: they are unpadded.
+  saved_multiple = saved["model_config"].get("vocab_pad_multiple", 1)
+  model_config = run.task.model_config
+  if padded_size(model_config.vocab_size, saved_multiple) != model_config.padded_vocab_size:
+    raise ValueError(f"{checkpointer.directory}/{latest} was trained with vocab_pad_multiple="
+                     f"{saved_multiple}, this run's config.model.vocab_pad_multiple is "
+                     f"{model_config.vocab_pad_multiple}; set it to {saved_multiple} to resume")
 
 
 # ------------------------------------------------------------------------ loop helpers
@@ -489,7 +504,7 @@ def train(config, workdir: str, run: Run) -> dict[str, Any]:
   """Trains `run.task` in `workdir`, resuming from its latest checkpoint. Returns the final
   train report, evaluation, best evaluation, step and state."""
   mesh = sharding.make_mesh(config.mesh)
-  check_batch_sizes(config, mesh)
+  check_mesh(config, run.task, mesh)
   with contextlib.ExitStack() as cleanup:  # Closed in reverse order, whatever happens.
     preemption = PreemptionFlag()  # From the start: a SIGTERM during setup stops at step 1.
     cleanup.callback(preemption.restore)

@@ -31,8 +31,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.layer_norm_eps = 1e-12  # LayerNorm epsilon, as in the original BERT.
   config.model.dtype = "float32"  # Compute dtype: "float32" or "bfloat16".
   config.model.param_dtype = "float32"  # Parameter (and optimizer state) dtype.
-  config.model.attention_impl = "xla"  # Fused attention where no attention dropout applies:
-  #                                        "xla" (anywhere) or "cudnn" (NVIDIA GPUs).
+  config.model.attention_impl = "xla"  # Attention where no attention dropout applies: "xla"
+  #                         (anywhere), "cudnn" (NVIDIA GPUs, fused) or "einsum" (reference).
+  # Rows of the embedding table / MLM bias: vocab_size rounded up to a multiple of this, so the
+  # vocabulary splits over mesh.tensor (30522 -> 30592 at 128); 1 = no padding. Padded rows are
+  # never drawn, looked up or predicted; exported weights hold the real vocab_size rows.
+  config.model.vocab_pad_multiple = 128
   config.model.dropout_rng = "hash"  # Dropout mask bits: "hash" (keyed counter hash, several
   #                                    times cheaper on CPU) or "threefry" (jax.random.bits).
 

@@ -35,7 +35,7 @@ import bert_jax
 from bert_jax import weights
 from bert_jax.data.encoding import encode_pair
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+from bert_jax.model import BertConfig, BertForPreTraining, BertModel, unpad_vocab
 from bert_jax.weights import tf_bundle
 from tests import tf_bundle_writer
 
@@ -510,11 +510,16 @@ def test_load_pretrained_from_a_checkpointer_workdir_with_a_vocabulary(tmp_path)
   checkpointer.close()
 
   loaded_config, params, vocab = weights.load_pretrained(str(tmp_path / "run"))
-  assert loaded_config == dataclasses.replace(model_config, dtype=np.float32)  # f32 compute.
-  jax.tree.map(np.testing.assert_array_equal, params, jax.device_get(state.params))  # Latest.
+  # The run's padded vocabulary (config.model.vocab_pad_multiple) leaves with the checkpoint:
+  # the real rows, as every weight format holds them.
+  assert model_config.padded_vocab_size > model_config.vocab_size
+  real_config, real_params = unpad_vocab(model_config, jax.device_get(state.params))
+  assert loaded_config == dataclasses.replace(real_config, dtype=np.float32)  # f32 compute.
+  jax.tree.map(np.testing.assert_array_equal, params, real_params)  # Latest.
   assert vocab.size == len(_UNCASED) and vocab.mask_id == 7
   _, older_params, _ = weights.load_pretrained(str(tmp_path / "run" / "checkpoints" / "1"))
-  jax.tree.map(np.testing.assert_array_equal, older_params, jax.device_get(older.params))
+  jax.tree.map(np.testing.assert_array_equal, older_params,
+               unpad_vocab(model_config, jax.device_get(older.params))[1])
 
   # A workdir exports to HF like a pretrained directory does.
   export = str(tmp_path / "hf")

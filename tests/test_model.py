@@ -11,7 +11,7 @@ import torch
 import transformers
 
 from bert_jax import convert, losses
-from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+from bert_jax.model import BertConfig, BertForPreTraining, BertModel, num_params
 
 SMALL = dict(vocab_size=211, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=128, max_position_embeddings=32, type_vocab_size=2)
@@ -56,8 +56,12 @@ def test_parameter_count_matches_huggingface_bert_base():
   ids = jnp.zeros((1, 8), jnp.int32)
   shapes = jax.eval_shape(lambda: BertForPreTraining(config).init(
       jax.random.key(0), ids, ids, ids, ids[:, :2]))
-  ours = sum(x.size for x in jax.tree.leaves(nn.meta.unbox(shapes["params"])))
-  assert ours == hf_count
+  params = nn.meta.unbox(shapes["params"])
+  # The table is padded to 30,592 rows (config.model.vocab_pad_multiple); the count is the real
+  # vocabulary's, as HuggingFace's.
+  assert params["bert"]["embeddings"]["word_embeddings"]["embedding"].shape == (30592, 768)
+  assert num_params(params, config) == hf_count
+  assert sum(x.size for x in jax.tree.leaves(params)) == hf_count + 70 * (768 + 1)
 
 
 def test_same_weights_same_logits_as_huggingface_and_round_trip():

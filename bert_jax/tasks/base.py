@@ -15,6 +15,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from bert_jax.model import BertConfig
+
 Batch = dict[str, jax.Array]
 
 
@@ -27,6 +29,7 @@ class Task:
   # Metrics of the console line (after "loss"), in order.
   log_keys: ClassVar[tuple[str, ...]] = ()
   model: nn.Module
+  model_config: BertConfig  # The encoder's shape (mesh checks, vocabulary padding, FLOPs).
   # Top-level params subtrees the optimizer leaves bit-identical (a frozen encoder).
   frozen: tuple[str, ...] = ()
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from bert_jax.finetune_data import Record, TaskData
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import EMBED, BertConfig
+from bert_jax.model import EMBED, BertConfig, pad_vocab
 from bert_jax.tasks.base import Batch, Task
 
 ENCODER = "bert"  # Name of the encoder submodule in every head model (pooler included).
@@ -151,7 +151,8 @@ class FinetuneTask(Task):
             **self.score(predicted, data), "examples": len(data.examples)}
 
   def initial_params(self, pretrained: dict) -> dict:
-    return {ENCODER: pretrained[ENCODER]}
+    # Real vocabulary rows in (every weight format's), the model's padding out.
+    return {ENCODER: pad_vocab(pretrained, self.model_config)[ENCODER]}
 
   def meta(self) -> dict[str, Any]:
     return {"name": self.name, **dataclasses.asdict(self.settings)}

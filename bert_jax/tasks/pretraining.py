@@ -12,7 +12,7 @@ import numpy as np
 
 from bert_jax import flops, losses
 from bert_jax.masking import MaskingConfig, mask_tokens
-from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.model import BertConfig, BertForPreTraining, pad_vocab
 from bert_jax.tasks.base import Batch, Task
 
 
@@ -75,7 +75,7 @@ class PretrainingTask(Task):
     return {**losses.means(sums), "examples": sums["nsp_count"]}
 
   def initial_params(self, pretrained: dict) -> dict:
-    return dict(pretrained)
+    return pad_vocab(pretrained, self.model_config)  # Real rows in; the model's padding.
 
   def meta(self) -> dict[str, Any]:
     return {"name": self.name, "masking": dataclasses.asdict(self.masking),

@@ -5,6 +5,9 @@ layout). Only the params are read, never the optimizer state.
 A fine-tuning run's params are a head model's (`{"bert": encoder, "classifier": ...}`): the
 `BertForPreTraining` parts it has are kept and the task head is left out, so a fine-tuned
 encoder loads, and exports to HuggingFace, like a pretrained one.
+
+Runs train with the vocabulary padded (`config.model.vocab_pad_multiple`); the params read here
+leave that layout (`model.unpad_vocab`): like every format's, they hold the real vocabulary.
 """
 
 import logging
@@ -12,7 +15,7 @@ from typing import Mapping
 
 from bert_jax import checkpointing
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig
+from bert_jax.model import BertConfig, unpad_vocab
 from bert_jax.weights import params as params_lib
 
 logger = logging.getLogger(__name__)
@@ -30,7 +33,7 @@ def _pretraining_parts(params: Mapping, source: str) -> dict:
 def load(path: str) -> tuple[BertConfig, dict, Vocab | None]:
   """(float32 config, float32 numpy params, vocab or None) of the checkpoint `path` means (see
   `checkpointing.find_step_dir`: a fine-tuning workdir's best export before its newest training
-  checkpoint)."""
+  checkpoint), over the real vocabulary (vocab_pad_multiple 1)."""
   step_dir = checkpointing.find_step_dir(path)
   if step_dir is None:
     raise ValueError(f"{path}: no complete bert_jax checkpoint (checkpoints/<step>/ or "
@@ -41,4 +44,5 @@ def load(path: str) -> tuple[BertConfig, dict, Vocab | None]:
   config = params_lib.config_from_dict(meta["model_config"], f"{step_dir} meta model_config")
   params = _pretraining_parts(checkpointing.restore_params(step_dir), step_dir)
   params = params_lib.check_params(params, config, step_dir)
+  config, params = unpad_vocab(config, params)
   return config, params, checkpointing.read_vocab(step_dir)
