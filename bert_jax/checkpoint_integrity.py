@@ -16,9 +16,7 @@ MANIFEST_FILE = "bert_jax_manifest.json"
 def _listing(step_dir: str) -> dict[str, dict]:
   """{path relative to the step directory: {"bytes", "checksum"}} of every file but the
   record itself."""
-  return {relative: {"bytes": storage.size(storage.join(step_dir, relative)),
-                     "checksum": storage.checksum(storage.join(step_dir, relative))}
-          for relative in sorted(storage.walk_files(step_dir))
+  return {relative: found for relative, found in sorted(storage.describe_files(step_dir).items())
           if not relative.startswith(MANIFEST_FILE)}
 
 
@@ -42,12 +40,12 @@ def damage(step_dir: str) -> str | None:
     recorded = json.loads(storage.read_text(manifest))["files"]
   except (OSError, ValueError, KeyError) as e:
     return f"its verification record is unreadable ({e})"
+  found = _listing(step_dir)  # One listing in a bucket.
   for relative, expected in sorted(recorded.items()):
-    path = storage.join(step_dir, relative)
-    if not storage.exists(path):
+    if relative not in found:
       return f"{relative} is missing"
-    if (found := storage.size(path)) != expected["bytes"]:
-      return f"{relative} has {found} bytes, {expected['bytes']} were written"
-    if storage.checksum(path) != expected["checksum"]:
+    if found[relative]["bytes"] != expected["bytes"]:
+      return f"{relative} has {found[relative]['bytes']} bytes, {expected['bytes']} were written"
+    if found[relative]["checksum"] != expected["checksum"]:
       return f"{relative} does not match its checksum"
   return None

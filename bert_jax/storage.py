@@ -94,40 +94,45 @@ def makedirs(path: str | os.PathLike) -> None:
     os.makedirs(path, exist_ok=True)
 
 
-def walk_files(path: str | os.PathLike) -> Iterator[str]:
-  """Every file below a directory, as paths relative to it."""
-  path = os.fspath(path).rstrip("/")
-  if is_remote(path):  # One listing request.
+def _relative_files(path: str) -> Iterator[tuple[str, dict]]:
+  """(path relative to the directory `path`, a bucket's object metadata or {}) of every file
+  below it; one listing request in a bucket."""
+  if is_remote(path):
     filesystem = _fs(path)
     root = filesystem._strip_protocol(path)  # pylint: disable=protected-access
-    for found in filesystem.find(path):
+    for found, info in filesystem.find(path, detail=True).items():
       relative = found[len(root):].lstrip("/")
       if relative:
-        yield relative
+        yield relative, info
     return
   for directory, _, names in os.walk(path):
     for name in names:
-      yield os.path.relpath(os.path.join(directory, name), path)
+      yield os.path.relpath(os.path.join(directory, name), path), {}
 
 
-def size(path: str | os.PathLike) -> int:
-  path = os.fspath(path)
-  return int(_fs(path).info(path)["size"]) if is_remote(path) else os.path.getsize(path)
+def walk_files(path: str | os.PathLike) -> Iterator[str]:
+  """Every file below a directory, as paths relative to it."""
+  for relative, _ in _relative_files(os.fspath(path).rstrip("/")):
+    yield relative
 
 
-def checksum(path: str | os.PathLike) -> str:
-  """A content checksum: the object's own CRC-32C where the store keeps one (GCS: no download),
-  else the CRC-32 of the bytes, read in chunks."""
-  path = os.fspath(path)
-  if is_remote(path):
-    info = _fs(path).info(path)
+def describe_files(path: str | os.PathLike) -> dict[str, dict]:
+  """{path relative to the directory: {"bytes": size, "checksum": content checksum}} of every
+  file below it. The checksum is the object's own CRC-32C where the store keeps one (GCS: taken
+  from the one listing, nothing downloaded), else the CRC-32 of the bytes, read in chunks."""
+  path = os.fspath(path).rstrip("/")
+  described = {}
+  for relative, info in _relative_files(path):
+    full = join(path, relative)
     if info.get("crc32c"):
-      return f"crc32c:{info['crc32c']}"
-  crc = 0
-  with open_binary(path) as f:
-    while chunk := f.read(1 << 20):
-      crc = zlib.crc32(chunk, crc)
-  return f"crc32:{crc:08x}"
+      described[relative] = {"bytes": int(info["size"]), "checksum": f"crc32c:{info['crc32c']}"}
+      continue
+    crc, length = 0, 0
+    with open_binary(full) as f:
+      while chunk := f.read(1 << 20):
+        crc, length = zlib.crc32(chunk, crc), length + len(chunk)
+    described[relative] = {"bytes": length, "checksum": f"crc32:{crc:08x}"}
+  return described
 
 
 def open_binary(path: str | os.PathLike) -> IO[bytes]:
