@@ -77,20 +77,20 @@ class BertConfig:
       raise ValueError(
           f"hidden_size={self.hidden_size} is not divisible by "
           f"num_attention_heads={self.num_attention_heads}")
-    if self.hidden_act not in _ACTIVATIONS:
+    if self.hidden_act not in HIDDEN_ACTS:
       raise ValueError(
-          f"hidden_act={self.hidden_act!r} is not supported; use one of {sorted(_ACTIVATIONS)}")
-    if self.dropout_rng not in _DROPOUT_RNGS:
+          f"hidden_act={self.hidden_act!r} is not supported; use one of {list(HIDDEN_ACTS)}")
+    if self.dropout_rng not in DROPOUT_RNGS:
       raise ValueError(f"dropout_rng={self.dropout_rng!r} is not supported; use one of "
-                       f"{list(_DROPOUT_RNGS)}")
-    if self.attention_impl not in _ATTENTION_IMPLS:
+                       f"{list(DROPOUT_RNGS)}")
+    if self.attention_impl not in ATTENTION_IMPLS:
       raise ValueError(f"attention_impl={self.attention_impl!r} is not supported; use one of "
-                       f"{list(_ATTENTION_IMPLS)}")
+                       f"{list(ATTENTION_IMPLS)}")
     if not isinstance(self.vocab_pad_multiple, int) or self.vocab_pad_multiple < 1:
       raise ValueError(f"vocab_pad_multiple={self.vocab_pad_multiple!r} must be an integer >= 1 "
                        "(1: no padding)")
     for name in ("dtype", "param_dtype"):  # Accept "bfloat16" etc. from configs.
-      object.__setattr__(self, name, jnp.dtype(getattr(self, name)))
+      object.__setattr__(self, name, _parse_dtype(name, getattr(self, name)))
 
   @property
   def head_dim(self) -> int:
@@ -130,8 +130,23 @@ _ACTIVATIONS = {
 }
 
 
-_DROPOUT_RNGS = ("hash", "threefry")
-_ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
+HIDDEN_ACTS = tuple(_ACTIVATIONS)
+DROPOUT_RNGS = ("hash", "threefry")
+ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
+# Compute and parameter dtypes, by name. float16 is left out: it would need loss scaling.
+DTYPES = ("float32", "bfloat16")
+
+
+def _parse_dtype(name: str, value) -> jnp.dtype:
+  """A `DTYPES` name (or dtype) -> the dtype; anything else is a ValueError naming the field
+  (jnp.dtype alone raises TypeError on "fp32" and accepts integer types)."""
+  try:
+    dtype = jnp.dtype(value)
+  except TypeError:
+    dtype = None
+  if dtype is None or dtype.name not in DTYPES:
+    raise ValueError(f"{name}={value!r} is not supported; use one of {list(DTYPES)}")
+  return dtype
 # Added to the float32 scores of masked keys: finite (a row with no key to attend to gets a
 # uniform softmax, not NaN), as jax.nn.dot_product_attention's own mask value.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)

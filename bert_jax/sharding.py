@@ -113,10 +113,13 @@ def batch_sharding(mesh: Mesh, ndim: int = 2) -> NamedSharding:
   return NamedSharding(mesh, PartitionSpec(BATCH_AXES, *([None] * (ndim - 1))))
 
 
-def batch_size_per_shard(global_batch_size: int, mesh: Mesh) -> int:
+def batch_size_per_shard(global_batch_size: int, mesh: Mesh,
+                         field: str = "config.train.batch_size") -> int:
+  """Rows of `global_batch_size` per data x fsdp shard; `field` is the config field (or
+  expression) the size comes from, which the error names (e.g. "config.train.eval_batch_size")."""
   shards = mesh.shape["data"] * mesh.shape["fsdp"]
   if global_batch_size % shards:
-    raise ValueError(f"config.train.batch_size={global_batch_size} is not divisible by the "
+    raise ValueError(f"{field}={global_batch_size} is not divisible by the "
                      f"data x fsdp mesh axes ({mesh.shape['data']} x {mesh.shape['fsdp']} = "
                      f"{shards})")
   return global_batch_size // shards

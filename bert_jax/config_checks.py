@@ -1,0 +1,478 @@
+"""Every value of a config, checked before any device work: one ValueError, one line, naming the
+field (`config.model.hidden_dropout_prob=1.5 must be in [0, 1]`).
+
+A field's own range lives in one table per config kind (`PRETRAINING_RULES` for configs/base.py
+and its children, `FINETUNING_RULES` for configs/finetune_base.py and its children): dotted path
+-> check, so a new config field is one line here. A field the table does not name, or a named
+field the config lacks, is refused too, and tests/test_config_checks.py walks every leaf of both
+default configs, so "every field is checked" stays true. Relations between fields (heads divide
+the width, the batch divides into microbatches, ...) are the `*_RELATIONS` below; they run once
+every field has passed, so they may rely on types and ranges.
+
+Ranges refuse what is broken, not what is unusual. Examples of the decisions (see the code that
+reads each field):
+- warmup_steps may exceed num_train_steps: both schedules stay defined (the learning rate is
+  still rising at the last step), and short test runs do exactly that.
+- 0 means something for eval_every_steps (the last step only), eval_max_batches (the whole
+  split), save_every_steps (only the last step and a SIGTERM save), max_grad_norm (no clipping),
+  builtin_max_mb (all of the corpus), num_workers (read in the main process), prefetch (no batch
+  ahead) and logging.profile_steps' count (no profile); negative values mean nothing there.
+- Dropout probabilities are in [0, 1] (1 zeroes the layer, as torch's); Adam's betas in [0, 1);
+  eps > 0 (with eps = 0, bert_adamw divides 0 by 0 on a parameter that never had a gradient).
+- QA's max_query_length is a cap, not a size: it may leave no room for a passage in
+  max_seq_length, as short questions still fit (a long one is refused by the QA task).
+- A mesh axis is -1 (all devices left over) or >= 1; at most one of data / fsdp / tensor is -1
+  (`sharding.mesh_shape`). What needs the device count (batch vs mesh) is checked by the trainer.
+Pure Python on the config: nothing here touches a device or a file.
+"""
+
+import math
+import numbers
+from typing import Any, Callable
+
+import ml_collections
+
+from bert_jax import model, optimizer, sharding, tasks
+from bert_jax.data import examples
+
+# value -> what is wrong with it ("must be an integer >= 1"), or None when it is fine.
+Check = Callable[[Any], str | None]
+# config -> one line naming the fields whose relation is broken, or None.
+Relation = Callable[[ml_collections.ConfigDict], str | None]
+
+# Values the code that reads these fields accepts (it holds them inline).
+DATA_SOURCES = ("builtin", "prepared", "synthetic")  # data/pipeline.py, train.py
+VOCAB_MODEL_TYPES = ("unigram", "bpe")  # data/vocab.py train_sentencepiece
+ON_DAMAGED = ("fallback", "fail")  # checkpointing.py
+DATA_FORMATS = ("auto", "jsonl", "csv")  # finetune_data.py
+# grain's shuffle and numpy's generators take seeds in [0, 2**32).
+MAX_SEED = 2**32 - 1
+# Every vocabulary has [PAD], [UNK], [CLS], [SEP] and [MASK]; masking needs one more piece.
+MIN_VOCAB_SIZE = 6
+
+
+# ------------------------------------------------------------------------- field checks
+
+
+def _is_int(value: Any) -> bool:
+  # bool is an int to Python and ml_collections lets True into an int field: refused here.
+  return isinstance(value, numbers.Integral) and not isinstance(value, bool)
+
+
+def _is_number(value: Any) -> bool:
+  return isinstance(value, numbers.Real) and not isinstance(value, bool)
+
+
+def _note(meaning: str) -> str:
+  return f" ({meaning})" if meaning else ""
+
+
+def integer(low: int, meaning: str = "", high: int | None = None) -> Check:
+  """An int >= `low` (and <= `high`); `meaning` says what the smallest values mean."""
+  bound = f">= {low}" if high is None else f"in [{low}, {high}]"
+
+  def check(value: Any) -> str | None:
+    if _is_int(value) and value >= low and (high is None or value <= high):
+      return None
+    return f"must be an integer {bound}{_note(meaning)}"
+  return check
+
+
+def number(low: float, high: float | None = None, *, low_open: bool = False,
+           high_open: bool = False, meaning: str = "") -> Check:
+  """A finite int or float in the interval; `meaning` says what its edge values mean."""
+  if high is None:
+    bound = f"{'>' if low_open else '>='} {low:g}"
+  else:
+    bound = f"in {'(' if low_open else '['}{low:g}, {high:g}{')' if high_open else ']'}"
+
+  def check(value: Any) -> str | None:
+    if not _is_number(value) or not math.isfinite(value):
+      return f"must be a finite number {bound}{_note(meaning)}"
+    above = value > low if low_open else value >= low
+    below = high is None or (value < high if high_open else value <= high)
+    return None if above and below else f"must be {bound}{_note(meaning)}"
+  return check
+
+
+def probability() -> Check:
+  return number(0.0, 1.0)
+
+
+def one_of(choices: tuple[str, ...] | list[str]) -> Check:
+  choices = tuple(choices)
+
+  def check(value: Any) -> str | None:
+    if isinstance(value, str) and value in choices:
+      return None
+    return "must be one of " + ", ".join(repr(c) for c in choices)
+  return check
+
+
+def boolean() -> Check:
+  def check(value: Any) -> str | None:
+    return None if isinstance(value, bool) else "must be True or False"
+  return check
+
+
+def string(meaning: str = "", nonempty: bool = False) -> Check:
+  """A str (a path, a name); `meaning` says what "" means."""
+  def check(value: Any) -> str | None:
+    if isinstance(value, str) and (value or not nonempty):
+      return None
+    return f"must be a{' non-empty' if nonempty else ''} string{_note(meaning)}"
+  return check
+
+
+def mesh_axis() -> Check:
+  def check(value: Any) -> str | None:
+    if _is_int(value) and (value == -1 or value >= 1):
+      return None
+    return "must be -1 (all devices left over) or an integer >= 1"
+  return check
+
+
+def profile_window() -> Check:
+  """(start, count) of non-negative ints: trainer._Profiler."""
+  def check(value: Any) -> str | None:
+    if (isinstance(value, (tuple, list)) and len(value) == 2
+        and all(_is_int(x) and x >= 0 for x in value)):
+      return None
+    return "must be a pair (start, count) of integers >= 0 (count 0: no profile)"
+  return check
+
+
+def axis_rules() -> Check:
+  """((logical name, mesh axis | (mesh axes) | None), ...) with mesh axes of `sharding`."""
+  problem = ("must be pairs (logical axis name, mesh axis or tuple of mesh axes or None), mesh "
+             f"axes from {sharding.MESH_AXES}")
+
+  def axes_ok(axes: Any) -> bool:
+    if axes is None:
+      return True
+    if isinstance(axes, str):
+      return axes in sharding.MESH_AXES
+    return isinstance(axes, (tuple, list)) and all(
+        isinstance(a, str) and a in sharding.MESH_AXES for a in axes)
+
+  def check(value: Any) -> str | None:
+    if isinstance(value, (tuple, list)) and all(
+        isinstance(rule, (tuple, list)) and len(rule) == 2 and isinstance(rule[0], str)
+        and axes_ok(rule[1]) for rule in value):
+      return None
+    return problem
+  return check
+
+
+def label_names() -> Check:
+  """Distinct label names (str or int; 1 and "1" are one label: finetune_data.label_name)."""
+  def check(value: Any) -> str | None:
+    if not isinstance(value, (tuple, list)) or not all(
+        isinstance(v, str) or _is_int(v) for v in value):
+      return "must be a tuple of label names (() = the sorted labels of the train file)"
+    names = [str(v) for v in value]
+    duplicates = sorted({n for n in names if names.count(n) > 1})
+    if duplicates:
+      return f"must name each label once ({duplicates} more than once: one index per label)"
+    return None
+  return check
+
+
+# -------------------------------------------------------------------------------- tables
+
+
+def _model_rules(vocab_size: Check) -> dict[str, Check]:
+  """config.model: pretraining and fine-tuning differ in vocab_size only."""
+  return {
+      "model.vocab_size": vocab_size,
+      "model.hidden_size": integer(1),
+      "model.num_hidden_layers": integer(1),
+      "model.num_attention_heads": integer(1),
+      "model.intermediate_size": integer(1),
+      "model.hidden_act": one_of(model.HIDDEN_ACTS),
+      "model.hidden_dropout_prob": probability(),
+      "model.attention_probs_dropout_prob": probability(),
+      "model.max_position_embeddings": integer(1),
+      # Token type 1 marks segment B (pairs, QA passages); a smaller table is read out of range.
+      "model.type_vocab_size": integer(2, "token types 0 (A) and 1 (B)"),
+      # 0 would start every weight at 0: no symmetry to break, nothing learns.
+      "model.initializer_range": number(0.0, low_open=True),
+      "model.layer_norm_eps": number(0.0, low_open=True),
+      "model.dtype": one_of(model.DTYPES),
+      "model.param_dtype": one_of(model.DTYPES),
+      "model.attention_impl": one_of(model.ATTENTION_IMPLS),
+      "model.vocab_pad_multiple": integer(1, "1: no padding"),
+      "model.dropout_rng": one_of(model.DROPOUT_RNGS),
+  }
+
+
+_TRAIN_RULES: dict[str, Check] = {
+    "train.batch_size": integer(1),
+    "train.num_train_steps": integer(1),
+    "train.optimizer": one_of(optimizer.OPTIMIZERS),
+    "train.schedule": one_of(optimizer.SCHEDULES),
+    "train.learning_rate": number(0.0, low_open=True),
+    "train.warmup_steps": integer(0, "0: no warmup"),
+    "train.weight_decay": number(0.0),
+    "train.b1": number(0.0, 1.0, high_open=True),
+    "train.b2": number(0.0, 1.0, high_open=True),
+    "train.eps": number(0.0, low_open=True),
+    "train.max_grad_norm": number(0.0, meaning="0: no clipping"),
+    "train.grad_accum_steps": integer(1),
+    "train.log_every_steps": integer(1),
+    "train.eval_every_steps": integer(0, "0: the last step only"),
+    "train.eval_batch_size": integer(1),
+}
+
+_MESH_RULES: dict[str, Check] = {
+    "mesh.data": mesh_axis(),
+    "mesh.fsdp": mesh_axis(),
+    "mesh.tensor": mesh_axis(),
+    "mesh.dcn_data": integer(1, "1: one slice"),
+    "mesh.logical_axis_rules": axis_rules(),
+}
+
+_CHECKPOINT_RULES: dict[str, Check] = {
+    "checkpoint.save_every_steps": integer(0, "0: only the last step and a SIGTERM save"),
+    # 0 made orbax delete each checkpoint as soon as it was written.
+    "checkpoint.max_to_keep": integer(1),
+    "checkpoint.async_save": boolean(),
+    "checkpoint.on_damaged": one_of(ON_DAMAGED),
+    # NaN would never run out (a stuck save would block the stop); inf is as bad.
+    "checkpoint.stop_grace_seconds": number(0.0),
+    "checkpoint.allow_vocab_change": boolean(),
+}
+
+_LOGGING_RULES: dict[str, Check] = {
+    "logging.tensorboard": boolean(),
+    "logging.profile_steps": profile_window(),
+}
+
+_SEED = integer(0, "", MAX_SEED)
+
+# configs/base.py (tiny.py, large.py): every field.
+PRETRAINING_RULES: dict[str, Check] = {
+    "seed": _SEED,
+    **_model_rules(vocab_size=integer(MIN_VOCAB_SIZE, "5 special tokens and a piece to mask")),
+    "data.source": one_of(DATA_SOURCES),
+    "data.dataset_dir": string('"": none; source "prepared" needs one'),
+    # [CLS] A [SEP] B [SEP]: the shortest row prepare and the synthetic source can build.
+    "data.max_seq_length": integer(5, "[CLS] A [SEP] B [SEP]"),
+    "data.objective": one_of(examples.OBJECTIVES),
+    "data.max_examples_per_row": integer(1, "1: one example per row, unpacked"),
+    "data.short_seq_prob": probability(),
+    "data.dupe_factor": integer(1),
+    "data.validation_fraction": number(0.0, 1.0, high_open=True),
+    "data.vocab_model_type": one_of(VOCAB_MODEL_TYPES),
+    "data.builtin_max_mb": number(0.0, meaning="0: all of it"),
+    "data.builtin_cache_dir": string('"": <workdir>/data'),
+    "data.num_workers": integer(0, "0: read in the main process"),
+    "data.prefetch": integer(0, "0: no batch ahead"),
+    "masking.mask_prob": number(0.0, 1.0, low_open=True),
+    "masking.max_predictions_per_seq": integer(1),
+    "masking.mask_token_prob": probability(),
+    "masking.random_token_prob": probability(),
+    "masking.whole_word_masking": boolean(),
+    **_TRAIN_RULES,
+    "train.eval_max_batches": integer(0, "0: the whole validation split"),
+    **_MESH_RULES,
+    **_CHECKPOINT_RULES,
+    "checkpoint.init_from": string('"": none'),
+    **_LOGGING_RULES,
+}
+
+# configs/finetune_base.py (finetune_*.py): every field.
+FINETUNING_RULES: dict[str, Check] = {
+    "seed": _SEED,
+    "task": one_of(sorted(tasks.FINETUNE_TASKS)),
+    "init_from": string('"": from scratch'),
+    "vocab": string('"": the checkpoint\'s own'),
+    # From scratch: 0 takes the vocabulary's size (finetune.load_encoder checks a larger one).
+    **_model_rules(vocab_size=integer(0, "0: the vocabulary's size")),
+    "head.dropout_prob": probability(),
+    "data.train_file": string(),
+    "data.validation_file": string('"": no evaluation'),
+    "data.format": one_of(DATA_FORMATS),
+    "data.tfds_name": string('"": read data.train_file'),
+    "data.tfds_train_split": string(nonempty=True),
+    "data.tfds_validation_split": string(nonempty=True),
+    "data.tfds_data_dir": string('"": TFDS\'s default'),
+    "data.labels": label_names(),
+    "data.regression": boolean(),
+    # [CLS] A [SEP] B [SEP]: the three special tokens of a pair.
+    "data.max_seq_length": integer(3, "[CLS] A [SEP] B [SEP]"),
+    "data.max_query_length": integer(1),
+    "data.doc_stride": integer(1),
+    "data.max_answer_length": integer(1),
+    "data.prefetch": integer(0, "0: no batch ahead"),
+    "train.freeze_encoder": boolean(),
+    **_TRAIN_RULES,
+    "train.best_metric": string('"": the task\'s main metric'),
+    **_MESH_RULES,
+    **_CHECKPOINT_RULES,
+    **_LOGGING_RULES,
+}
+
+
+# ----------------------------------------------------------------------------- relations
+
+
+def _heads_divide_width(config) -> str | None:
+  m = config.model
+  if m.hidden_size % m.num_attention_heads:
+    return (f"config.model.hidden_size={m.hidden_size} is not divisible by "
+            f"config.model.num_attention_heads={m.num_attention_heads}")
+  return None
+
+
+def _microbatches_divide_batch(config) -> str | None:
+  t = config.train
+  if t.batch_size % t.grad_accum_steps:
+    return (f"config.train.batch_size={t.batch_size} is not divisible by "
+            f"config.train.grad_accum_steps={t.grad_accum_steps}")
+  return None
+
+
+def _one_inferred_mesh_axis(config) -> str | None:
+  sizes = {axis: config.mesh[axis] for axis in sharding.MESH_AXES}
+  inferred = [axis for axis, size in sizes.items() if size == -1]
+  if len(inferred) > 1:
+    return (" and ".join(f"config.mesh.{axis}=-1" for axis in inferred)
+            + ": at most one mesh axis may take the devices left over")
+  return None
+
+
+def _length_fits_positions(config) -> str | None:
+  length, positions = config.data.max_seq_length, config.model.max_position_embeddings
+  if length > positions:
+    return (f"config.data.max_seq_length={length} exceeds "
+            f"config.model.max_position_embeddings={positions}")
+  return None
+
+
+def _predictions_cover_a_row(config) -> str | None:
+  # Targets are mask_prob of a row's eligible tokens: the P slots must hold those of a full row.
+  masking, length = config.masking, config.data.max_seq_length
+  needed = round(masking.mask_prob * length)
+  if masking.max_predictions_per_seq < needed:
+    return (f"config.masking.max_predictions_per_seq={masking.max_predictions_per_seq} cannot "
+            f"hold the {needed} targets of a full row (mask_prob {masking.mask_prob} x "
+            f"max_seq_length {length}); set it to at least {needed}")
+  return None
+
+
+def _replacements_sum_to_at_most_one(config) -> str | None:
+  masking = config.masking
+  total = masking.mask_token_prob + masking.random_token_prob
+  if total > 1.0 + 1e-9:  # 0.8 + 0.2 is 1.0000000000000002 in floats.
+    return (f"config.masking.mask_token_prob={masking.mask_token_prob} + "
+            f"config.masking.random_token_prob={masking.random_token_prob} = {total:g} must be "
+            "<= 1 (the rest keep their token)")
+  return None
+
+
+def _prepared_needs_dataset_dir(config) -> str | None:
+  if config.data.source == "prepared" and not config.data.dataset_dir:
+    return ("config.data.dataset_dir is empty: config.data.source='prepared' reads a directory "
+            "written by launch/prepare_data.py")
+  return None
+
+
+def _builtin_needs_validation(config) -> str | None:
+  # Pretraining evaluates on the validation split (at least at its last step); with 0 the
+  # built-in corpus would be prepared (minutes) only to fail on an empty split.
+  if config.data.source == "builtin" and config.data.validation_fraction <= 0:
+    return (f"config.data.validation_fraction={config.data.validation_fraction!r} leaves the "
+            "built-in corpus no validation split, which pretraining evaluates on: use > 0 "
+            "(e.g. 0.01)")
+  return None
+
+
+def _scratch_needs_vocab(config) -> str | None:
+  if not config.init_from and not config.vocab:
+    return ("config.vocab is empty: training from scratch (config.init_from is empty) needs a "
+            "vocabulary")
+  return None
+
+
+def _scratch_length_fits_positions(config) -> str | None:
+  # A pretrained encoder brings its own position table (checked once it is loaded).
+  return None if config.init_from else _length_fits_positions(config)
+
+
+def _regression_is_classification(config) -> str | None:
+  if config.data.regression and tasks.finetune_task(config.task) is not tasks.ClassificationTask:
+    return (f"config.data.regression=True applies to the classification task only, "
+            f"config.task={config.task!r}")
+  return None
+
+
+def _one_training_source(config) -> str | None:
+  data = config.data
+  if not data.train_file and not data.tfds_name:
+    return "config.data.train_file is empty: set it (or config.data.tfds_name) to train on"
+  if data.tfds_name:
+    # The TFDS splits replace both files: a file given as well would be silently ignored.
+    given = [name for name in ("train_file", "validation_file") if data[name]]
+    if given:
+      return (f"config.data.{given[0]}={data[given[0]]!r} is ignored with "
+              f"config.data.tfds_name={data.tfds_name!r}: use one of them")
+  return None
+
+
+PRETRAINING_RELATIONS: tuple[Relation, ...] = (
+    _heads_divide_width, _length_fits_positions, _predictions_cover_a_row,
+    _replacements_sum_to_at_most_one, _microbatches_divide_batch, _one_inferred_mesh_axis,
+    _prepared_needs_dataset_dir, _builtin_needs_validation)
+
+FINETUNING_RELATIONS: tuple[Relation, ...] = (
+    _heads_divide_width, _scratch_length_fits_positions, _microbatches_divide_batch,
+    _one_inferred_mesh_axis, _scratch_needs_vocab, _regression_is_classification,
+    _one_training_source)
+
+
+# ---------------------------------------------------------------------------------- entry
+
+
+def leaf_paths(config: ml_collections.ConfigDict, prefix: str = "") -> dict[str, Any]:
+  """Dotted path -> value of every leaf (a tuple is one leaf: profile_steps, labels, rules)."""
+  leaves = {}
+  for name, value in config.items():
+    path = f"{prefix}{name}"
+    if isinstance(value, (ml_collections.ConfigDict, dict)):
+      leaves.update(leaf_paths(value, f"{path}."))
+    else:
+      leaves[path] = value
+  return leaves
+
+
+def check_config(config: ml_collections.ConfigDict, rules: dict[str, Check],
+                 relations: tuple[Relation, ...], kind: str) -> None:
+  """Raises ValueError (one line, naming the field) on the first field of `config` that
+  `rules` does not know or refuses, then on the first broken relation."""
+  leaves = leaf_paths(config)
+  for path in leaves:
+    if path not in rules:
+      raise ValueError(f"config.{path} is not a {kind} config field (a typo? its defaults are in "
+                       "configs/); a new field needs its rule in bert_jax/config_checks.py")
+  for path, rule in rules.items():
+    if path not in leaves:
+      raise ValueError(f"config.{path} is missing: a {kind} config has every field of its "
+                       "defaults in configs/")
+    problem = rule(leaves[path])
+    if problem:
+      raise ValueError(f"config.{path}={leaves[path]!r} {problem}")
+  for relation in relations:
+    problem = relation(config)
+    if problem:
+      raise ValueError(problem)
+
+
+def check_pretraining(config: ml_collections.ConfigDict) -> None:
+  """Every field of a pretraining config (configs/base.py, tiny.py, large.py and overrides)."""
+  check_config(config, PRETRAINING_RULES, PRETRAINING_RELATIONS, "pretraining")
+
+
+def check_finetuning(config: ml_collections.ConfigDict) -> None:
+  """Every field of a fine-tuning config (configs/finetune_base.py, finetune_*.py, overrides)."""
+  check_config(config, FINETUNING_RULES, FINETUNING_RELATIONS, "fine-tuning")

@@ -1,0 +1,288 @@
+"""bert_jax/config_checks.py: every field of every config kind has a rule, the shipped configs
+pass, and each bad value is refused in one line naming its field. Pure Python: no compile."""
+
+import math
+import types
+
+import pytest
+
+from bert_jax import config_checks, sharding
+from bert_jax.model import BertConfig
+from configs import (base, finetune_base, finetune_classification, finetune_qa, finetune_tagging,
+                     large, tiny)
+
+PRETRAINING_CONFIGS = (base, tiny, large)
+FINETUNING_CONFIGS = (finetune_base, finetune_classification, finetune_qa, finetune_tagging)
+
+
+def _set(config, path: str, value) -> None:
+  """config.<path> = value, through ml_collections' own type checks (what an override does)."""
+  *sections, name = path.split(".")
+  for section in sections:
+    config = config[section]
+  config[name] = value
+
+
+def _pretraining(**overrides):
+  config = base.get_config()
+  for path, value in overrides.items():
+    _set(config, path.replace("__", "."), value)
+  return config
+
+
+def _finetuning(module=finetune_classification, **overrides):
+  """A fine-tuning config with the inputs its docstring's Run line gives (encoder, data)."""
+  config = module.get_config()
+  config.init_from, config.data.train_file = "runs/tiny", "train.jsonl"
+  for path, value in overrides.items():
+    _set(config, path.replace("__", "."), value)
+  return config
+
+
+def _refused(check, config) -> str:
+  with pytest.raises(ValueError) as error:
+    check(config)
+  message = str(error.value)
+  assert "\n" not in message
+  return message
+
+
+# ------------------------------------------------------------------------------ coverage
+
+
+@pytest.mark.parametrize("module, rules", [
+    (base, config_checks.PRETRAINING_RULES), (finetune_base, config_checks.FINETUNING_RULES)])
+def test_every_config_field_has_a_rule(module, rules):
+  """A new field of configs/base.py or finetune_base.py fails here until it has its rule (and a
+  rule of a removed field fails too)."""
+  fields = set(config_checks.leaf_paths(module.get_config()))
+  assert sorted(fields - set(rules)) == [], "config fields without a rule in config_checks"
+  assert sorted(set(rules) - fields) == [], "rules of fields the config does not have"
+
+
+@pytest.mark.parametrize("module", PRETRAINING_CONFIGS)
+def test_pretraining_configs_pass(module):
+  config_checks.check_pretraining(module.get_config())
+
+
+@pytest.mark.parametrize("module", FINETUNING_CONFIGS)
+def test_finetuning_configs_pass_once_given_encoder_and_data(module):
+  config_checks.check_finetuning(_finetuning(module))
+  # From scratch with a vocabulary, or on a TFDS dataset, instead.
+  config_checks.check_finetuning(_finetuning(module, init_from="", vocab="vocab.txt"))
+  config_checks.check_finetuning(_finetuning(module, data__train_file="",
+                                             data__tfds_name="glue/sst2"))
+  # As shipped, the encoder (or vocabulary) and the data are the inputs still to give.
+  assert _refused(config_checks.check_finetuning, module.get_config()).startswith("config.vocab")
+
+
+def test_documented_edge_values_pass():
+  """0 where it has a meaning, warmup past the last step, an axis other than data at -1."""
+  config = tiny.get_config()
+  config.train.update(num_train_steps=12, warmup_steps=100, eval_every_steps=0,
+                      eval_max_batches=0, max_grad_norm=0.0, b1=0.0, weight_decay=0.0,
+                      learning_rate=1e38)
+  config.model.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=1.0,
+                      dtype="bfloat16", param_dtype="bfloat16", vocab_pad_multiple=1)
+  config.data.update(builtin_max_mb=0.0, num_workers=0, prefetch=0, objective="mlm")
+  config.masking.update(mask_prob=1.0, max_predictions_per_seq=128, mask_token_prob=0.8,
+                        random_token_prob=0.2)
+  config.checkpoint.update(save_every_steps=0, stop_grace_seconds=0.0)
+  config.mesh.update(data=1, fsdp=-1, dcn_data=2)
+  config.logging.profile_steps = [3, 2]  # A list from an override becomes a tuple.
+  config_checks.check_pretraining(config)
+  # Synthetic data has no validation split to need.
+  config_checks.check_pretraining(_pretraining(data__source="synthetic",
+                                               data__validation_fraction=0.0))
+  # max_query_length only caps questions: rows of 24 take short ones (tests/test_finetune.py).
+  qa = _finetuning(finetune_qa, data__max_seq_length=24, data__max_query_length=64,
+                   data__labels=("1", "2"))
+  config_checks.check_finetuning(qa)
+
+
+# -------------------------------------------------------------------------- bad values
+
+# (field, a value ml_collections lets through that the run cannot use). Every rule has one.
+_SHARED_BAD = [
+    ("seed", -1), ("seed", 2**32),
+    ("model.hidden_size", -32), ("model.num_hidden_layers", -1), ("model.num_hidden_layers", 0),
+    ("model.num_attention_heads", 0), ("model.intermediate_size", 0),
+    ("model.hidden_act", "swish"), ("model.hidden_dropout_prob", 1.5),
+    ("model.attention_probs_dropout_prob", -0.1), ("model.max_position_embeddings", 0),
+    ("model.type_vocab_size", 1), ("model.initializer_range", 0.0),
+    ("model.layer_norm_eps", 0.0), ("model.dtype", "fp32"), ("model.dtype", None),
+    ("model.param_dtype", "float16"), ("model.attention_impl", "flash"),
+    ("model.vocab_pad_multiple", 0), ("model.dropout_rng", "philox"),
+    ("train.batch_size", True), ("train.batch_size", 0), ("train.num_train_steps", 0),
+    ("train.optimizer", "sgd"), ("train.schedule", "cosine"), ("train.learning_rate", -1),
+    ("train.learning_rate", 0.0), ("train.learning_rate", math.nan),
+    ("train.learning_rate", math.inf), ("train.warmup_steps", -5),
+    ("train.weight_decay", -0.01), ("train.b1", 1.0), ("train.b2", -0.5), ("train.eps", 0.0),
+    ("train.max_grad_norm", -1.0), ("train.grad_accum_steps", 0), ("train.log_every_steps", 0),
+    ("train.eval_every_steps", -1), ("train.eval_batch_size", 0), ("train.eval_batch_size", None),
+    ("mesh.data", 0), ("mesh.fsdp", -2), ("mesh.tensor", 0), ("mesh.dcn_data", 0),
+    ("mesh.logical_axis_rules", (("batch", "model"),)),
+    ("mesh.logical_axis_rules", (("batch", ("data", "fsdp"), "extra"),)),
+    ("checkpoint.save_every_steps", -1), ("checkpoint.max_to_keep", 0),
+    ("checkpoint.async_save", None), ("checkpoint.on_damaged", "ignore"),
+    ("checkpoint.stop_grace_seconds", math.nan), ("checkpoint.stop_grace_seconds", -1.0),
+    ("checkpoint.allow_vocab_change", None),
+    ("logging.tensorboard", None), ("logging.profile_steps", (5,)),
+    ("logging.profile_steps", (-1, 2)), ("logging.profile_steps", (0, 1.5)),
+]
+PRETRAINING_BAD = _SHARED_BAD + [
+    ("model.vocab_size", 5), ("data.source", "gcs"), ("data.dataset_dir", None),
+    ("data.max_seq_length", 4), ("data.objective", "nsp"), ("data.max_examples_per_row", 0),
+    ("data.short_seq_prob", 2.0), ("data.dupe_factor", 0), ("data.validation_fraction", 1.0),
+    ("data.vocab_model_type", "wordpiece"), ("data.builtin_max_mb", -1.0),
+    ("data.builtin_cache_dir", None), ("data.num_workers", -1), ("data.prefetch", -1),
+    ("masking.mask_prob", 0.0), ("masking.max_predictions_per_seq", 0),
+    ("masking.mask_token_prob", 1.2), ("masking.random_token_prob", -0.1),
+    ("masking.whole_word_masking", None), ("train.eval_max_batches", -1),
+    ("checkpoint.init_from", None),
+]
+FINETUNING_BAD = _SHARED_BAD + [
+    ("task", "ner"), ("init_from", None), ("vocab", None), ("model.vocab_size", -1),
+    ("head.dropout_prob", 1.5), ("data.train_file", None), ("data.validation_file", None),
+    ("data.format", "tsv"), ("data.tfds_name", None), ("data.tfds_train_split", ""),
+    ("data.tfds_validation_split", ""), ("data.tfds_data_dir", None),
+    ("data.labels", ("a", "b", "a")), ("data.labels", ("1", 1)), ("data.labels", (None,)),
+    ("data.regression", None), ("data.max_seq_length", 2), ("data.max_query_length", 0),
+    ("data.doc_stride", 0), ("data.max_answer_length", 0), ("data.prefetch", -1),
+    ("train.freeze_encoder", None), ("train.best_metric", None),
+]
+
+
+@pytest.mark.parametrize("bad, rules", [(PRETRAINING_BAD, config_checks.PRETRAINING_RULES),
+                                        (FINETUNING_BAD, config_checks.FINETUNING_RULES)])
+def test_the_bad_values_cover_every_rule(bad, rules):
+  assert sorted(set(rules) - {path for path, _ in bad}) == []
+
+
+def _names_the_field(message: str, path: str, value) -> None:
+  assert message.startswith(f"config.{path}={value!r} must "), message
+
+
+@pytest.mark.parametrize("path, value", PRETRAINING_BAD)
+def test_bad_pretraining_value_is_refused_naming_the_field(path, value):
+  config = base.get_config()
+  _set(config, path, value)
+  value = config_checks.leaf_paths(config)[path]  # As stored (ml_collections makes 1 1.0).
+  _names_the_field(_refused(config_checks.check_pretraining, config), path, value)
+
+
+@pytest.mark.parametrize("path, value", FINETUNING_BAD)
+def test_bad_finetuning_value_is_refused_naming_the_field(path, value):
+  config = _finetuning()
+  _set(config, path, value)
+  value = config_checks.leaf_paths(config)[path]
+  _names_the_field(_refused(config_checks.check_finetuning, config), path, value)
+
+
+@pytest.mark.parametrize("path, value, message", [
+    # The issue's cases, word for word.
+    ("model.num_hidden_layers", -1, "config.model.num_hidden_layers=-1 must be an integer >= 1"),
+    ("train.learning_rate", -1, "config.train.learning_rate=-1.0 must be > 0"),
+    ("model.hidden_dropout_prob", 1.5, "config.model.hidden_dropout_prob=1.5 must be in [0, 1]"),
+    ("train.warmup_steps", -5,
+     "config.train.warmup_steps=-5 must be an integer >= 0 (0: no warmup)"),
+    ("model.num_attention_heads", 0, "config.model.num_attention_heads=0 must be an integer >= 1"),
+    ("train.grad_accum_steps", 0, "config.train.grad_accum_steps=0 must be an integer >= 1"),
+    ("train.log_every_steps", 0, "config.train.log_every_steps=0 must be an integer >= 1"),
+    ("model.dtype", "fp32", "config.model.dtype='fp32' must be one of 'float32', 'bfloat16'"),
+    ("model.hidden_size", -32, "config.model.hidden_size=-32 must be an integer >= 1"),
+    ("model.intermediate_size", 0, "config.model.intermediate_size=0 must be an integer >= 1"),
+    ("checkpoint.max_to_keep", 0, "config.checkpoint.max_to_keep=0 must be an integer >= 1"),
+    ("train.eval_every_steps", -1,
+     "config.train.eval_every_steps=-1 must be an integer >= 0 (0: the last step only)"),
+    ("train.learning_rate", math.nan, "config.train.learning_rate=nan must be a finite number > 0"),
+    ("train.batch_size", True, "config.train.batch_size=True must be an integer >= 1"),
+])
+def test_messages(path, value, message):
+  config = base.get_config()
+  _set(config, path, value)
+  assert _refused(config_checks.check_pretraining, config) == message
+
+
+# ----------------------------------------------------------------------------- relations
+
+
+@pytest.mark.parametrize("overrides, message", [
+    (dict(model__hidden_size=100),
+     "config.model.hidden_size=100 is not divisible by config.model.num_attention_heads=12"),
+    (dict(data__max_seq_length=1024),
+     "config.data.max_seq_length=1024 exceeds config.model.max_position_embeddings=512"),
+    (dict(masking__max_predictions_per_seq=10),
+     "config.masking.max_predictions_per_seq=10 cannot hold the 19 targets of a full row"),
+    (dict(masking__mask_token_prob=0.9, masking__random_token_prob=0.2),
+     "config.masking.mask_token_prob=0.9 + config.masking.random_token_prob=0.2 = 1.1 must be "
+     "<= 1"),
+    (dict(train__grad_accum_steps=3),
+     "config.train.batch_size=256 is not divisible by config.train.grad_accum_steps=3"),
+    (dict(mesh__data=-1, mesh__tensor=-1),
+     "config.mesh.data=-1 and config.mesh.tensor=-1: at most one mesh axis"),
+    (dict(data__source="prepared"), "config.data.dataset_dir is empty: config.data.source="),
+    (dict(data__validation_fraction=0.0), "config.data.validation_fraction=0.0 leaves the "
+     "built-in corpus no validation split"),
+])
+def test_broken_pretraining_relations(overrides, message):
+  assert _refused(config_checks.check_pretraining, _pretraining(**overrides)).startswith(message)
+
+
+@pytest.mark.parametrize("module, overrides, message", [
+    (finetune_classification, dict(init_from=""), "config.vocab is empty: training from scratch"),
+    (finetune_classification, dict(init_from="", vocab="vocab.txt", data__max_seq_length=1024),
+     "config.data.max_seq_length=1024 exceeds config.model.max_position_embeddings=512"),
+    (finetune_tagging, dict(data__regression=True),
+     "config.data.regression=True applies to the classification task only"),
+    (finetune_classification, dict(data__train_file=""), "config.data.train_file is empty"),
+    (finetune_classification, dict(data__tfds_name="glue/sst2"),
+     "config.data.train_file='train.jsonl' is ignored with config.data.tfds_name='glue/sst2'"),
+    (finetune_classification, dict(model__num_attention_heads=5),
+     "config.model.hidden_size=768 is not divisible by config.model.num_attention_heads=5"),
+    (finetune_classification, dict(train__batch_size=30, train__grad_accum_steps=4),
+     "config.train.batch_size=30 is not divisible by config.train.grad_accum_steps=4"),
+])
+def test_broken_finetuning_relations(module, overrides, message):
+  refused = _refused(config_checks.check_finetuning, _finetuning(module, **overrides))
+  assert refused.startswith(message), refused
+
+
+def test_a_pretrained_encoder_brings_its_own_length_limit():
+  # Its position table is checked against max_seq_length once loaded (finetune._log_setup).
+  config_checks.check_finetuning(_finetuning(data__max_seq_length=1024))
+
+
+def test_unknown_and_missing_fields_are_refused():
+  config = base.get_config()
+  config.train.learning_rat = 0.1
+  assert _refused(config_checks.check_pretraining, config).startswith(
+      "config.train.learning_rat is not a pretraining config field")
+  config = _finetuning()
+  del config.train.best_metric
+  assert _refused(config_checks.check_finetuning, config).startswith(
+      "config.train.best_metric is missing")
+  # A pretraining config is not a fine-tuning one.
+  assert "is not a fine-tuning config field" in _refused(config_checks.check_finetuning,
+                                                         base.get_config())
+
+
+# ------------------------------------------------------------------- the other owners
+
+
+def test_eval_batch_size_against_the_mesh_names_its_own_field():
+  mesh = types.SimpleNamespace(shape={"data": 8, "fsdp": 1, "tensor": 1})  # Only .shape is read.
+  with pytest.raises(ValueError, match=r"^config.train.eval_batch_size=12 is not divisible by "
+                                       r"the data x fsdp mesh axes \(8 x 1 = 8\)$"):
+    sharding.batch_size_per_shard(12, mesh, "config.train.eval_batch_size")
+  with pytest.raises(ValueError, match=r"^config.train.batch_size=12 is not divisible"):
+    sharding.batch_size_per_shard(12, mesh)
+  assert sharding.batch_size_per_shard(16, mesh, "config.train.eval_batch_size") == 2
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "int32", "float16", None])
+def test_model_config_refuses_other_dtypes_with_a_value_error(dtype):
+  with pytest.raises(ValueError, match=r"dtype=.* is not supported; use one of \['float32', "
+                                       r"'bfloat16'\]"):
+    BertConfig(dtype=dtype)
+  assert BertConfig(dtype="bfloat16", param_dtype="float32").dtype.name == "bfloat16"
