@@ -111,7 +111,8 @@ def read_records(path: str, data_format: str = "auto") -> list[Record]:
             raise ValueError(f"{path}, line {start}: field {name!r} is not valid JSON ({e})") from e
         records.append((path, start, fields))
   if not records:
-    raise ValueError(f"{path} holds no records")
+    raise ValueError(f"Data file {path} holds no records (it is empty, or holds blank lines or a "
+                     "CSV header only)")
   return records
 
 
@@ -263,6 +264,8 @@ def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Record
       label = _decoded(item["label"])
       fields["label"] = names[int(label)] if names and int(label) >= 0 else label
     records.append((f"tfds:{name}/{split}", index + 1, fields))
+  if not records:
+    raise ValueError(f"TFDS dataset {name!r} split {split!r} holds no records")
   return records
 
 
@@ -278,6 +281,9 @@ class TrainBatches:
 
   def __init__(self, data: TaskData, global_batch_size: int, seed: int, process_index: int = 0,
                process_count: int = 1):
+    if not len(data):  # Before any compile, rather than a division by zero at the first batch.
+      raise ValueError(f"{data.source}: no training rows to fine-tune on (its records encode to "
+                       "none)")
     self.data, self.global_batch_size, self.seed = data, global_batch_size, seed
     self.per_host = global_batch_size // process_count
     self.first = process_index * self.per_host

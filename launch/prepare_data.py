@@ -22,7 +22,6 @@ import os
 import sys
 import tempfile
 
-from absl import app
 from absl import flags
 from absl import logging
 
@@ -85,7 +84,8 @@ _NUM_WORKERS = flags.DEFINE_integer(
 
 
 def _sources(work_dir: str):
-  """(documents factory, stats getter, fingerprint) of the selected corpus flag."""
+  """(documents factory, stats getter, fingerprint, the flag that named it) of the selected
+  corpus flag."""
   chosen = [name for name, given in (("--input", bool(_INPUT.value)),
                                      ("--tfds_name", bool(_TFDS_NAME.value)),
                                      ("--builtin", _BUILTIN.value)) if given]
@@ -103,7 +103,9 @@ def _sources(work_dir: str):
       return corpus.iter_tfds_text(_TFDS_NAME.value, _TFDS_SPLIT.value, _TFDS_FIELD.value,
                                    data_dir=_TFDS_DATA_DIR.value, stats=fresh_stats())
     fingerprint = f"tfds:{_TFDS_NAME.value}/{_TFDS_SPLIT.value}/{_TFDS_FIELD.value}"
-    return documents, lambda: holder["stats"], fingerprint
+    return (documents, lambda: holder["stats"], fingerprint,
+            f"--tfds_name={_TFDS_NAME.value} (split {_TFDS_SPLIT.value}, field "
+            f"{_TFDS_FIELD.value})")
 
   if _BUILTIN.value:
     # Parsing every installed module is slow: spool the docstrings once, read the text twice.
@@ -127,7 +129,8 @@ def _sources(work_dir: str):
 
   def documents():
     return reader(paths, fresh_stats())
-  return documents, stats_getter, fingerprint
+  named = "--builtin" if _BUILTIN.value else f"--input={','.join(_INPUT.value)}"
+  return documents, stats_getter, fingerprint, named
 
 
 def _run(work_dir: str) -> None:
@@ -139,7 +142,7 @@ def _run(work_dir: str) -> None:
       dupe_factor=_DUPE_FACTOR.value, validation_fraction=_VALIDATION_FRACTION.value,
       seed=_SEED.value, objective=_OBJECTIVE.value,
       max_examples_per_row=_MAX_EXAMPLES_PER_ROW.value).validate()
-  documents, stats_getter, fingerprint = _sources(work_dir)
+  documents, stats_getter, fingerprint, named = _sources(work_dir)
   if _VOCAB.value:
     vocab = vocab_lib.Vocab.load(_VOCAB.value)
     logging.info("Using vocabulary %s", vocab)
@@ -149,7 +152,7 @@ def _run(work_dir: str) -> None:
     vocab = vocab_lib.train_sentencepiece(
         corpus.iter_sentences(documents()), os.path.join(work_dir, "sentencepiece"),
         _VOCAB_SIZE.value, _VOCAB_MODEL_TYPE.value,
-        allow_smaller_vocab=_ALLOW_SMALLER_VOCAB.value)
+        allow_smaller_vocab=_ALLOW_SMALLER_VOCAB.value, source=named)
   meta = prepare.prepare_dataset(
       _OUTPUT_DIR.value, documents, vocab, max_seq_length=_MAX_SEQ_LENGTH.value,
       short_seq_prob=_SHORT_SEQ_PROB.value, dupe_factor=_DUPE_FACTOR.value,

@@ -483,9 +483,9 @@ def iter_builtin_docstrings(max_bytes: int = 0, stats: CorpusStats | None = None
   total = 0
   pool = None
   if num_workers > 1:
-    import multiprocessing  # Spawned, not forked: the caller may hold threads (JAX).
+    from bert_jax.data import examples  # pylint: disable=g-import-not-at-top  (numpy)
 
-    pool = multiprocessing.get_context("spawn").Pool(num_workers)
+    pool = examples.spawn_pool(num_workers)  # Spawned, ignoring Ctrl-C (the parent reacts).
     results: Iterable[tuple[int, list[Document]]] = pool.imap(_file_documents, paths,
                                                               chunksize=16)
   else:

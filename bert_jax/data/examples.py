@@ -41,9 +41,14 @@ This module is imported by the preparation worker processes: it stays free of TF
 import dataclasses
 import hashlib
 import itertools
+import multiprocessing
+import multiprocessing.pool
 import os
+import pickle
 import random
-from collections.abc import Iterable, Iterator, Sequence
+import signal
+import threading
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import NamedTuple, Protocol
 
 import numpy as np
@@ -727,10 +732,43 @@ _WORKER_TOKENIZER: Tokenizer | None = None
 _RECORD_OPTIONS = "group_size:1,snappy"
 
 
-def init_worker(tokenizer: Tokenizer) -> None:
-  """Pool initializer: keeps the tokenizer for every block this process builds."""
+def init_worker(tokenizer_file: str) -> None:
+  """Pool initializer: loads the tokenizer for every block this process builds from the file
+  the parent pickled it into. Not the tokenizer itself in the pool's initargs: those go down a
+  pipe while the worker starts, and a vocabulary of hundreds of KB would hold the parent there,
+  for a second per worker, with SIGINT ignored (`spawn_pool`)."""
   global _WORKER_TOKENIZER
-  _WORKER_TOKENIZER = tokenizer
+  with open(tokenizer_file, "rb") as f:
+    _WORKER_TOKENIZER = pickle.load(f)
+
+
+def spawn_pool(num_workers: int, initializer: Callable[..., None] | None = None,
+               initargs: tuple = ()) -> multiprocessing.pool.Pool:
+  """A pool of `num_workers` spawned processes (not forked: the caller may be a multithreaded
+  JAX process) that ignore SIGINT.
+
+  A Ctrl-C reaches the whole process group: the parent alone should react (it terminates the
+  pool and removes the partial output), while a worker would print a traceback of its own, even
+  one still importing modules. So the parent ignores SIGINT while it starts the workers (an
+  ignored signal stays ignored across exec, and Python then installs no handler of its own): a
+  Ctrl-C in those milliseconds (a fork and exec per worker, with small `initargs`) is lost,
+  never half-handled.
+  """
+  context = multiprocessing.get_context("spawn")
+  initargs = (initializer, *initargs)  # Replacement workers ignore it from their initializer.
+  if threading.current_thread() is not threading.main_thread():  # signal.signal needs it.
+    return context.Pool(num_workers, _ignoring_sigint, initargs)
+  handler = signal.signal(signal.SIGINT, signal.SIG_IGN)
+  try:
+    return context.Pool(num_workers, _ignoring_sigint, initargs)
+  finally:
+    signal.signal(signal.SIGINT, signal.SIG_DFL if handler is None else handler)
+
+
+def _ignoring_sigint(initializer: Callable[..., None] | None, *initargs) -> None:
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  if initializer is not None:
+    initializer(*initargs)
 
 
 def write_block(

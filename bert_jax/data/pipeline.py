@@ -14,6 +14,7 @@ array, row for row, whatever the number of hosts: the masks drawn for each row, 
 losses, do not depend on the host count.
 """
 
+import concurrent.futures
 import math
 import os
 from collections.abc import Iterator, Sequence
@@ -80,14 +81,18 @@ def check_dataset_matches(meta: dict[str, Any], vocab_size: int, max_seq_length:
 
 
 def resolve_dataset(config: ml_collections.ConfigDict, workdir: str) -> tuple[str, dict]:
-  """(dataset_dir, meta) for `config.data.source` "builtin" or "prepared", checked vs config.
+  """(dataset_dir, meta) for `config.data.source` "builtin" or "prepared", checked vs config
+  and by `check_dataset` (readable shards, a validation split to evaluate on).
 
-  "builtin" prepares the docstring corpus into `<workdir>/data` on first use (cached). A
-  prepared dataset in a bucket is refused here, before any device work, with how to mount it:
-  ArrayRecord reads local files only.
+  "builtin" prepares the docstring corpus into `<workdir>/data` on first use (cached); a
+  "prepared" dataset is only read, so `workdir` plays no part (a launcher checks it before it
+  touches its workdir). A prepared dataset in a bucket is refused here, before any device work,
+  with how to mount it: ArrayRecord reads local files only.
   """
+  fraction_flag = "--validation_fraction"
   if config.data.source == "builtin":
     dataset_dir = prepare.prepare_builtin(os.path.join(workdir, "data"), config)
+    fraction_flag = "--config.data.validation_fraction"
   elif config.data.source == "prepared":
     if not config.data.dataset_dir:
       raise ValueError("config.data.source='prepared' needs --config.data.dataset_dir.")
@@ -99,7 +104,104 @@ def resolve_dataset(config: ml_collections.ConfigDict, workdir: str) -> tuple[st
   meta = prepare.load_meta(dataset_dir)
   check_dataset_matches(meta, config.model.vocab_size, config.data.max_seq_length,
                         config.data.objective, config.data.max_examples_per_row)
+  check_dataset(dataset_dir, fraction_flag=fraction_flag)
   return dataset_dir, meta
+
+
+# Shards opened at once by `check_dataset`: I/O bound (a gcsfuse mount answers in tens of ms).
+_CHECK_THREADS = 16
+
+
+def check_dataset(dataset_dir: str, *, fraction_flag: str = "--validation_fraction") -> None:
+  """Raises ValueError (one line, naming the dataset or the file) on the first problem of a
+  prepared dataset that would otherwise only show once training runs, after compiling: not a
+  dataset, an empty train or validation split (pretraining evaluates at least at its last
+  step), or a shard that is missing, truncated or corrupt (each ArrayRecord shard of both splits
+  is opened, its record count compared with dataset_info.json, its first and last records read
+  and decoded). Cheap: a few reads per shard, in threads. `fraction_flag` is how the fix is
+  spelled (the built-in corpus: --config.data.validation_fraction)."""
+  dataset_dir = storage.require_local(dataset_dir, "The prepared dataset")
+  meta = prepare.load_meta(dataset_dir)
+  try:
+    splits = tfds_builder.split_infos(dataset_dir)
+  except Exception as e:  # TFDS raises many types for a damaged dataset_info.json.
+    raise ValueError(f"Prepared dataset {dataset_dir}: its TFDS metadata (dataset_info.json, "
+                     f"features.json) cannot be read ({type(e).__name__}: {e}); prepare the "
+                     "dataset again.") from e
+  for split in examples_lib.SPLITS:
+    if not sum(splits.get(split, ((), ()))[1]):
+      raise ValueError(_empty_split_message(dataset_dir, meta, split, fraction_flag))
+  shards = [(path, expected) for split in examples_lib.SPLITS
+            for path, expected in zip(*splits[split])]
+  expected_lengths = (int(meta["max_seq_length"]), int(meta["max_examples_per_row"]))
+  with concurrent.futures.ThreadPoolExecutor(min(_CHECK_THREADS, len(shards))) as pool:
+    problems = pool.map(lambda shard: _shard_problem(*shard, expected_lengths), shards)
+    problem = next((p for p in problems if p), None)  # The first in shard order.
+  if problem:
+    raise ValueError(f"Prepared dataset {dataset_dir}: {problem}; copy the dataset again (an "
+                     "interrupted copy?) or prepare it again.")
+
+
+def _empty_split_message(dataset_dir: str, meta: dict[str, Any], split: str,
+                         fraction_flag: str) -> str:
+  """Why `split` of a prepared dataset has no rows, and what to prepare instead."""
+  if split == examples_lib.TRAIN:
+    return (f"Prepared dataset {dataset_dir}: the train split has no rows; prepare it again "
+            "with more text.")
+  fraction = float(meta.get("settings", {}).get("validation_fraction", 0.0))
+  stats = meta.get("stats", {})
+  documents = int(stats.get(split, {}).get("documents", 0))
+  if fraction <= 0:
+    why = "it was prepared with validation_fraction=0"
+  elif not documents:
+    why = (f"none of the corpus's {stats.get(examples_lib.TRAIN, {}).get('documents', '?')} "
+           f"documents fell into validation_fraction={fraction}")
+  else:
+    why = f"its {documents} validation document(s) made no example"
+  return (f"Prepared dataset {dataset_dir}: the validation split is empty ({why}), and "
+          "pretraining evaluates on it (at least at its last step): prepare it again with "
+          f"{fraction_flag} > 0 (e.g. 0.01) and enough text for it (more documents).")
+
+
+def _shard_problem(path: str, expected_records: int,
+                   expected_lengths: tuple[int, int]) -> str | None:
+  """What is wrong with one ArrayRecord shard (None: it reads). Its first and last records are
+  read: a truncated file fails to open (its footer is gone), a damaged one often to read."""
+  from array_record.python import array_record_module  # pylint: disable=g-import-not-at-top
+
+  if not os.path.isfile(path):
+    return f"shard {path} is missing"
+  try:
+    # No read-ahead: two records are read, not the 16 MB default buffer.
+    reader = array_record_module.ArrayRecordReader(path, "readahead_buffer_size:0")
+  except Exception as e:  # pylint: disable=broad-except  (riegeli: RuntimeError, often blank)
+    reason = _describe(e) or "truncated, or not an ArrayRecord file"
+    return f"shard {path} cannot be opened ({reason})"
+  try:
+    if not reader.ok():  # A truncated file opens, with no records and this flag down.
+      return f"shard {path} cannot be read (truncated or corrupt: no valid ArrayRecord footer)"
+    found = int(reader.num_records())
+    if found != expected_records:
+      return (f"shard {path} holds {found} records but dataset_info.json says "
+              f"{expected_records}")
+    records = reader.read([0, found - 1])
+    batch = decode_records(records)
+  except Exception as e:  # pylint: disable=broad-except  (riegeli and protobuf errors)
+    return f"shard {path} cannot be read ({_describe(e) or 'corrupt'})"
+  finally:
+    try:
+      reader.close()
+    except Exception:  # pylint: disable=broad-except  (riegeli reports a damaged file again)
+      pass
+  lengths = (batch["input_ids"].shape[1], batch[packing.NSP_WEIGHTS].shape[1])
+  if lengths != expected_lengths:
+    return (f"shard {path} holds rows of {lengths[0]} tokens and {lengths[1]} slots, but "
+            f"bert_meta.json says {expected_lengths[0]} and {expected_lengths[1]}")
+  return None
+
+
+def _describe(error: BaseException) -> str:
+  return " ".join(str(error).split())
 
 
 def _as_batch(arrays: dict[str, np.ndarray]) -> Batch:

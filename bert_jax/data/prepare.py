@@ -19,11 +19,12 @@ reads it through a gcsfuse mount: ArrayRecord opens local files only).
 
 import collections
 import dataclasses
+import gc
 import hashlib
 import json
 import logging
-import multiprocessing
 import os
+import pickle
 import shutil
 import tempfile
 import time
@@ -79,8 +80,8 @@ def _iter_block_results(
   """Yields (path, write_block result) per block, in block order.
 
   With workers, at most 2 * num_workers blocks are in flight, so neither the corpus nor the
-  results pile up in memory. Worker processes are spawned (not forked): the caller may be a
-  multithreaded JAX process.
+  results pile up in memory. Worker processes are spawned (not forked: the caller may be a
+  multithreaded JAX process) and ignore Ctrl-C (`examples.spawn_pool`): the caller reacts.
   """
   def path_of(block: examples_lib.DocumentBlock) -> str:
     return os.path.join(blocks_dir, f"{block.split}-{block.index:06d}.array_record")
@@ -89,9 +90,10 @@ def _iter_block_results(
     for block in blocks:
       yield path_of(block), examples_lib.write_block(block, settings, path_of(block), vocab)
     return
-  context = multiprocessing.get_context("spawn")
-  with context.Pool(num_workers, initializer=examples_lib.init_worker,
-                    initargs=(vocab,)) as pool:
+  tokenizer_file = os.path.join(blocks_dir, "tokenizer.pickle")  # Read by each worker.
+  with open(tokenizer_file, "wb") as f:
+    pickle.dump(vocab, f)
+  with examples_lib.spawn_pool(num_workers, examples_lib.init_worker, (tokenizer_file,)) as pool:
     pending: collections.deque = collections.deque()
     for block in blocks:
       pending.append((path_of(block), pool.apply_async(
@@ -190,9 +192,10 @@ def _build(output_dir: str, documents_factory: DocumentsFactory, vocab,
   os.makedirs(parent, exist_ok=True)
   tmp_dir = os.path.join(
       parent, f".{os.path.basename(output_dir)}.incomplete-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-  os.makedirs(os.path.join(tmp_dir, _BLOCKS_DIR))
   start = time.time()
-  try:
+  results = None
+  try:  # Whatever ends it (an error, Ctrl-C's KeyboardInterrupt), no temporary directory stays.
+    os.makedirs(os.path.join(tmp_dir, _BLOCKS_DIR))
     vocab.save(os.path.join(tmp_dir, VOCAB_DIR))
     blocks = examples_lib.iter_document_blocks(
         documents_factory(), validation_fraction=validation_fraction, block_chars=block_chars)
@@ -217,8 +220,9 @@ def _build(output_dir: str, documents_factory: DocumentsFactory, vocab,
             stats.random_next_to_continuation + stats.random_next_skipped,
             stats.random_next_to_continuation, stats.random_next_skipped)
     if not split_stats[examples_lib.TRAIN].rows:
-      raise ValueError("The corpus produced no training examples (no document with a tokenized "
-                       "sentence); check the input flags (--input / --tfds_name / --builtin).")
+      raise ValueError(_no_training_rows(split_stats, settings))
+    if not split_stats[examples_lib.VALIDATION].rows:
+      logging.warning("prepare: %s", _empty_validation(split_stats, settings))
 
     from bert_jax.data import tfds_builder  # Deferred: TFDS is a slow import.
 
@@ -253,8 +257,23 @@ def _build(output_dir: str, documents_factory: DocumentsFactory, vocab,
     if os.path.isdir(output_dir):
       os.rmdir(output_dir)  # Empty (checked above); fails if someone filled it meanwhile.
     os.rename(tmp_dir, output_dir)
-  except BaseException:
-    shutil.rmtree(tmp_dir, ignore_errors=True)
+  except BaseException as error:
+    try:
+      if results is not None:
+        # Stops the worker processes (the pool is terminated and joined) before their directory
+        # goes: a worker still writing a block would otherwise recreate files in it.
+        results.close()
+    finally:
+      shutil.rmtree(tmp_dir, ignore_errors=True)
+    if isinstance(error, KeyboardInterrupt) and num_workers > 0:
+      # The frames of its traceback hold the worker pool (itself in reference cycles): without
+      # them, and collected, the pool's semaphores are released now, even when the process then
+      # ends with os._exit (bert_jax.cli after a Ctrl-C, skipping multiprocessing's exit
+      # handlers: the resource tracker would print "leaked semaphore objects"). Where Ctrl-C
+      # struck is of no interest.
+      error = error.with_traceback(None)
+      gc.collect()
+      raise error  # pylint: disable=raise-missing-from
     raise
   train_chars = split_stats[examples_lib.TRAIN].chars + split_stats[examples_lib.VALIDATION].chars
   train = meta["splits"][examples_lib.TRAIN]
@@ -264,6 +283,40 @@ def _build(output_dir: str, documents_factory: DocumentsFactory, vocab,
                meta["splits"][examples_lib.VALIDATION]["rows"], seconds,
                train_chars / 1e6 / max(seconds, 1e-9))
   return meta
+
+
+def _no_training_rows(split_stats: dict[str, examples_lib.BlockStats],
+                      settings: examples_lib.ExampleSettings) -> str:
+  """Why the corpus gave the train split no row, and what to change."""
+  train, validation = split_stats[examples_lib.TRAIN], split_stats[examples_lib.VALIDATION]
+  if not train.documents and not validation.documents:
+    return ("The corpus produced no training examples (no document with a tokenized sentence); "
+            "check the input flags (--input / --tfds_name / --builtin).")
+  if not train.documents:
+    return (f"The corpus produced no training examples: its {validation.documents} document(s) "
+            f"all went to the validation split (--validation_fraction="
+            f"{settings.validation_fraction}); give more documents (separated by blank lines).")
+  return (f"The corpus produced no training examples: its {train.documents} training "
+          f"document(s) hold {train.sentences} sentence(s), and a next-sentence example needs "
+          "two sentences of one document, or another document to draw a random next sentence "
+          "from; give more documents (separated by blank lines) or sentences (one a line, or "
+          "--input_format=paragraphs), or prepare for --objective=mlm.")
+
+
+def _empty_validation(split_stats: dict[str, examples_lib.BlockStats],
+                      settings: examples_lib.ExampleSettings) -> str:
+  """The warning of a dataset without validation rows: training refuses it."""
+  documents = split_stats[examples_lib.VALIDATION].documents
+  if settings.validation_fraction <= 0:
+    why = "--validation_fraction=0"
+  elif not documents:
+    why = (f"none of the corpus's {split_stats[examples_lib.TRAIN].documents} documents fell "
+           f"into --validation_fraction={settings.validation_fraction}")
+  else:
+    why = f"its {documents} document(s) made no example"
+  return (f"the validation split is empty ({why}); pretraining evaluates on it and refuses "
+          "this dataset: prepare it again with a --validation_fraction > 0 and enough text "
+          "for it (more documents).")
 
 
 def load_meta(dataset_dir: str) -> dict[str, Any]:
@@ -353,7 +406,7 @@ def prepare_builtin(
       vocab = vocab_lib.train_sentencepiece(
           corpus.iter_sentences(corpus.iter_bert_format(spool)),
           os.path.join(work_dir, "sentencepiece"), int(config.model.vocab_size),
-          str(config.data.vocab_model_type))
+          str(config.data.vocab_model_type), source="the built-in corpus")
     except ValueError as e:
       raise ValueError(f"Built-in corpus ({reader_stats.documents} documents): {e} For "
                        "training, this is --config.model.vocab_size (or give more text with "

@@ -37,6 +37,14 @@ def make_features(max_seq_length: int, max_examples_per_row: int) -> tfds.featur
   return tfds.features.FeaturesDict(tensors)
 
 
+class _LocalInfo(tfds.core.DatasetInfo):
+  """The DatasetInfo of a dataset that exists only here."""
+
+  def initialize_from_bucket(self) -> None:
+    """Nothing to fetch: TFDS's version looks for precomputed metadata in its public bucket, and
+    leaves an empty temporary directory in $TMPDIR behind every time."""
+
+
 class BertPretraining(tfds.core.GeneratorBasedBuilder, skip_registration=True):
   """Rows of packed NSP pairs ([CLS] A [SEP] B [SEP]) or FULL-SENTENCES sequences."""
 
@@ -61,7 +69,7 @@ class BertPretraining(tfds.core.GeneratorBasedBuilder, skip_registration=True):
     super().__init__(**kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return _LocalInfo(
         builder=self,
         description="BERT pretraining rows (packed next-sentence pairs or full sentences), "
                     "bert_jax.",
@@ -121,6 +129,14 @@ def data_source(dataset_dir: str, split: str, raw: bool = False):
     return builder.as_data_source(
         split=split, deserialize_method=tfds.decode.DeserializeMethod.RAW_BYTES)
   return builder.as_data_source(split=split)
+
+
+def split_infos(dataset_dir: str) -> dict[str, tuple[list[str], list[int]]]:
+  """{split: (shard file paths, records of each shard)} from the dataset's TFDS metadata (no
+  shard is opened)."""
+  builder = tfds.builder_from_directory(dataset_dir)
+  return {name: ([os.fspath(p) for p in info.filepaths], [int(n) for n in info.shard_lengths])
+          for name, info in builder.info.splits.items()}
 
 
 def num_rows(dataset_dir: str, split: str) -> int:

@@ -21,7 +21,8 @@ import logging
 import os
 import re
 import tempfile
-from typing import Iterable, Iterator, Sequence
+import threading
+from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
@@ -308,7 +309,7 @@ def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size:
                         model_type: str = "unigram", *, character_coverage: float = 0.9995,
                         byte_fallback: bool = True, input_sentence_size: int = 2_000_000,
                         max_sentence_length: int = 8192, num_threads: int = 1, seed: int = 0,
-                        allow_smaller_vocab: bool = False) -> Vocab:
+                        allow_smaller_vocab: bool = False, source: str = "the corpus") -> Vocab:
   """Trains a sentencepiece model on streamed `sentences`; writes `<model_prefix>.model/.vocab`.
 
   BERT's special tokens get fixed ids: [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3, [MASK]=4 ([CLS],
@@ -319,9 +320,19 @@ def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size:
   Training is deterministic for the same sentences, `seed` and `num_threads` (1 by default, as
   sentencepiece's multi-threaded sums may order differently with another thread count).
 
+  sentencepiece silently skips a sentence longer than `max_sentence_length` bytes (a corpus of
+  one long line without sentence breaks would leave it nothing: `[!sentences_.empty()]`) and
+  any sentence holding U+2585, its reserved unknown-character marker. So such sentences are cut
+  here, at spaces where possible, into pieces it accepts, and U+2585 becomes a space: all the
+  text still trains the vocabulary. A corpus with no text sentencepiece keeps raises ValueError
+  naming `source` (what the sentences came from, e.g. the input flag).
+
   If the corpus cannot support `vocab_size` (sentencepiece's "Vocabulary size too high"), raises
   ValueError naming `--vocab_size` and the maximum, or with `allow_smaller_vocab=True` trains
   with that maximum and logs a warning.
+
+  Training runs in a helper thread (sentencepiece releases the GIL while it trains): this thread
+  waits, so a Ctrl-C stops the call at once instead of after the whole training.
   """
   import sentencepiece as spm
 
@@ -338,12 +349,14 @@ def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size:
     count = 0
     with open(spool, "w", encoding="utf-8") as f:
       for sentence in sentences:
-        sentence = " ".join(sentence.split())  # One line per sentence, whatever it held.
-        if sentence:
-          f.write(sentence + "\n")
+        # One line per sentence, whatever it held; sentencepiece's reserved mark as a space.
+        sentence = " ".join(sentence.replace(_SP_RESERVED, " ").split())
+        for piece in _pieces_within(sentence, max_sentence_length):
+          f.write(piece + "\n")
           count += 1
     if not count:
-      raise ValueError("No sentences to train the sentencepiece vocabulary on (empty corpus).")
+      raise ValueError(f"No sentences to train the sentencepiece vocabulary on in {source} "
+                       "(empty corpus): give text with --input / --tfds_name / --builtin.")
 
     def spooled() -> Iterator[str]:
       with open(spool, encoding="utf-8") as f:
@@ -363,10 +376,15 @@ def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size:
           hard_vocab_limit=True, minloglevel=2)
 
     try:
-      train(vocab_size)
+      _in_thread(lambda: train(vocab_size))
     except RuntimeError as e:
       too_high = _TOO_HIGH.search(str(e))
       too_small = _TOO_SMALL.search(str(e))
+      if _NO_TEXT.search(str(e)):
+        raise ValueError(f"No text to train the sentencepiece vocabulary on in {source}: "
+                         f"none of its {count} sentences has a character sentencepiece keeps "
+                         "after its NFKC normalisation (only control or zero-width "
+                         "characters?).") from e
       if too_small:
         raise ValueError(f"--vocab_size={vocab_size} is smaller than the {too_small.group(2)} "
                          f"characters the corpus needs; raise it.") from e
@@ -380,8 +398,54 @@ def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size:
             f"text, or allow the smaller vocabulary (allow_smaller_vocab).") from e
       logger.warning("--vocab_size=%d is too large for this corpus; training a vocabulary of "
                       "%d (the maximum sentencepiece supports) instead.", vocab_size, maximum)
-      train(maximum)
+      _in_thread(lambda: train(maximum))
   return Vocab.from_sentencepiece(model_prefix + ".model")
+
+
+_SP_RESERVED = "\u2585"  # sentencepiece's kUNKChar: it skips any training sentence holding it.
+# Every sentence skipped, or no character left after normalisation.
+_NO_TEXT = re.compile(r"sentences_\.empty\(\)|all_chars_count")
+
+
+def _pieces_within(sentence: str, max_bytes: int) -> Iterator[str]:
+  """`sentence` cut into pieces of at most `max_bytes` UTF-8 bytes (what sentencepiece's
+  max_sentence_length counts), at the last space before the limit, or inside a word too long
+  for it (at a character boundary); nothing for an empty sentence. Linear in its length."""
+  if len(sentence) * 4 <= max_bytes or len(sentence.encode("utf-8")) <= max_bytes:
+    if sentence:
+      yield sentence
+    return
+  rest = sentence.encode("utf-8")
+  while len(rest) > max_bytes:
+    cut = rest.rfind(b" ", 0, max_bytes + 1)
+    if cut <= 0:
+      cut = max_bytes
+      while rest[cut] & 0xC0 == 0x80:  # A UTF-8 continuation byte: back to the character.
+        cut -= 1
+    yield rest[:cut].decode("utf-8")
+    rest = rest[cut:].lstrip(b" ")
+  if rest:
+    yield rest.decode("utf-8")
+
+
+def _in_thread(work: Callable[[], None]) -> None:
+  """Runs `work` in a daemon thread and waits for it here, where signals arrive: a C++ call that
+  releases the GIL (sentencepiece training) is then interruptible by Ctrl-C. Its exception, if
+  any, is raised here; an interrupted call is abandoned (it ends with the process)."""
+  outcome: list[BaseException] = []
+
+  def target() -> None:
+    try:
+      work()
+    except BaseException as e:  # pylint: disable=broad-except  (re-raised in the caller)
+      outcome.append(e)
+
+  thread = threading.Thread(target=target, name="sentencepiece-train", daemon=True)
+  thread.start()
+  while thread.is_alive():
+    thread.join(0.2)  # A bounded wait: Python runs signal handlers between the waits.
+  if outcome:
+    raise outcome[0]
 
 
 # ---------------------------------------------------------------------------------------------

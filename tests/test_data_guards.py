@@ -1,0 +1,367 @@
+"""Guards of data preparation, the input pipeline and storage: every expected failure is one
+clear error naming the file or the flag, and an interrupted preparation leaves nothing behind.
+
+Tiny corpora and vocabularies; `tests/test_pipeline.py` covers the normal paths."""
+
+import glob
+import json
+import logging
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+import pytest
+
+from bert_jax import finetune_data, storage
+from bert_jax.data import corpus
+from bert_jax.data import examples as examples_lib
+from bert_jax.data import pipeline
+from bert_jax.data import prepare
+from bert_jax.data import vocab as vocab_lib
+from configs import tiny
+from test_pipeline import ROOT, WORDS, write_corpus
+
+LENGTH = 32
+
+
+def _prepare(tmp_path, name: str, text: str, vocab, **settings) -> str:
+  settings = {"max_seq_length": LENGTH, "dupe_factor": 1, "validation_fraction": 0.2,
+              "num_workers": 0, "block_chars": 300, **settings}
+  dataset_dir = str(tmp_path / name)
+  prepare.prepare_dataset(dataset_dir, lambda: corpus.iter_bert_format(text), vocab, **settings)
+  return dataset_dir
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+  """(root, corpus path, vocab, a prepared dataset of several shards per split)."""
+  root = tmp_path_factory.mktemp("guards")
+  text = write_corpus(str(root / "corpus.txt"), 40, seed=0)
+  vocab = vocab_lib.train_sentencepiece(
+      corpus.iter_sentences(corpus.iter_bert_format(text)), str(root / "sp"), 300, "bpe")
+  return root, text, vocab, _prepare(root, "dataset", text, vocab)
+
+
+def _prepared_config(dataset_dir: str, vocab):
+  config = tiny.get_config()
+  config.data.source = "prepared"
+  config.data.dataset_dir = dataset_dir
+  config.data.max_seq_length = LENGTH
+  config.data.max_examples_per_row = examples_lib.ExampleSettings.max_examples_per_row
+  config.model.vocab_size = vocab.size
+  return config
+
+
+def _one_line(error: pytest.ExceptionInfo) -> str:
+  message = str(error.value)
+  assert "\n" not in message
+  return message
+
+
+# ------------------------------------------------------------------------ prepared datasets
+
+
+def test_check_dataset_is_cheap_and_resolve_dataset_runs_it(small):
+  _, _, vocab, dataset_dir = small
+  splits = json.load(open(os.path.join(dataset_dir, "dataset_info.json")))["splits"]
+  assert all(len(s["shardLengths"]) > 1 for s in splits)  # Several shards in each split.
+  start = time.perf_counter()
+  pipeline.check_dataset(dataset_dir)
+  assert time.perf_counter() - start < 1.0  # Milliseconds in fact: a few reads per shard.
+  found, meta = pipeline.resolve_dataset(_prepared_config(dataset_dir, vocab), workdir="")
+  assert found == dataset_dir and meta["splits"]["validation"]["rows"] > 0
+
+
+def test_damaged_shards_are_one_line_naming_the_file(small, tmp_path):
+  _, _, vocab, dataset_dir = small
+  copy = str(tmp_path / "copy")
+  shutil.copytree(dataset_dir, copy)
+  shard = sorted(glob.glob(os.path.join(copy, "*-validation.array_record-*")))[1]
+  size = os.path.getsize(shard)
+  with open(shard, "r+b") as f:
+    f.truncate(size // 2)  # An interrupted copy.
+  config = _prepared_config(copy, vocab)
+  with pytest.raises(ValueError, match="cannot be read") as error:
+    pipeline.resolve_dataset(config, workdir="")
+  assert _one_line(error) == (
+      f"Prepared dataset {copy}: shard {shard} cannot be read (truncated or corrupt: no valid "
+      "ArrayRecord footer); copy the dataset again (an interrupted copy?) or prepare it again.")
+  with open(shard, "wb") as f:
+    f.write(b"\0" * 10)  # Not an ArrayRecord file at all.
+  with pytest.raises(ValueError, match=f"shard {shard} cannot be (opened|read)"):
+    pipeline.check_dataset(copy)
+  os.remove(shard)
+  with pytest.raises(ValueError, match=f"shard {shard} is missing"):
+    pipeline.check_dataset(copy)
+  shutil.copy(os.path.join(dataset_dir, os.path.basename(shard)), shard)
+  pipeline.check_dataset(copy)  # Repaired.
+  info = os.path.join(copy, "dataset_info.json")
+  described = json.load(open(info))
+  described["splits"][0]["shardLengths"][0] = "1000"
+  json.dump(described, open(info, "w"))
+  with pytest.raises(ValueError, match=r"holds \d+ records but dataset_info.json says 1000"):
+    pipeline.check_dataset(copy)
+  open(info, "w").write("{not json")
+  with pytest.raises(ValueError, match="TFDS metadata .* cannot be read"):
+    pipeline.check_dataset(copy)
+
+
+def test_empty_validation_split_is_refused_before_training(small, tmp_path, caplog, monkeypatch):
+  _, text, vocab, _ = small
+  scratch = tmp_path / "tmp"
+  scratch.mkdir()
+  monkeypatch.setattr(tempfile, "tempdir", str(scratch))  # TFDS left an empty directory there.
+  with caplog.at_level(logging.WARNING):
+    no_fraction = _prepare(tmp_path, "no_fraction", text, vocab, validation_fraction=0.0)
+  assert any("validation split is empty (--validation_fraction=0)" in r.getMessage()
+             for r in caplog.records)  # Said when preparing too.
+  with pytest.raises(ValueError, match="validation split is empty") as error:
+    pipeline.resolve_dataset(_prepared_config(no_fraction, vocab), workdir="")
+  assert _one_line(error) == (
+      f"Prepared dataset {no_fraction}: the validation split is empty (it was prepared with "
+      "validation_fraction=0), and pretraining evaluates on it (at least at its last step): "
+      "prepare it again with --validation_fraction > 0 (e.g. 0.01) and enough text for it (more "
+      "documents).")
+  few = write_corpus(str(tmp_path / "few.txt"), 3, seed=4)  # No document hashes into 1%.
+  few_dir = _prepare(tmp_path, "few", few, vocab, validation_fraction=0.01)
+  with pytest.raises(ValueError, match=r"none of the corpus's 3 documents fell into "
+                                       r"validation_fraction=0.01\)"):
+    pipeline.check_dataset(few_dir)
+  with pytest.raises(ValueError, match="--config.data.validation_fraction > 0"):
+    pipeline.check_dataset(few_dir, fraction_flag="--config.data.validation_fraction")
+  assert os.listdir(scratch) == []
+
+
+# ------------------------------------------------------------------------------ preparation
+
+
+def _long_line(num_bytes: int, seed: int = 0) -> str:
+  """Text without a sentence break or a newline, about `num_bytes` long."""
+  rng = random.Random(seed)
+  words = []
+  size = 0
+  while size < num_bytes:
+    words.append(rng.choice(WORDS))
+    size += len(words[-1]) + 1
+  return " ".join(words)
+
+
+def test_pieces_within_sentencepiece_limit():
+  assert list(vocab_lib._pieces_within("", 10)) == []
+  assert list(vocab_lib._pieces_within("short one", 10)) == ["short one"]
+  pieces = list(vocab_lib._pieces_within("aaa bbb ccc ddd", 8))
+  assert pieces == ["aaa bbb", "ccc ddd"]
+  wide = "\u00e9\u4e2d" * 20  # 2- and 3-byte characters, no space: cut between characters.
+  pieces = list(vocab_lib._pieces_within(wide, 16))
+  assert "".join(pieces) == wide and all(len(p.encode()) <= 16 for p in pieces)
+  text = _long_line(50_000)
+  pieces = list(vocab_lib._pieces_within(text, 8192))
+  assert " ".join(pieces) == text and all(len(p.encode()) <= 8192 for p in pieces)
+
+
+def test_one_long_line_corpus(tmp_path):
+  """5 MB on one line: sentencepiece skipped it (max_sentence_length) and failed with
+  `[!sentences_.empty()]`; now the vocabulary trains on all of it, and NSP says what it needs."""
+  big = tmp_path / "one_line.txt"
+  big.write_text(_long_line(5_000_000) + "\n")
+  vocab = vocab_lib.train_sentencepiece(
+      corpus.iter_sentences(corpus.iter_bert_format(str(big))), str(tmp_path / "sp"), 300, "bpe",
+      source=f"--input={big}")
+  assert vocab.size == 300 and vocab.encode("the model reads text")
+  with pytest.raises(ValueError, match="no training examples: its 1 training document.* "
+                                       "hold 1 sentence") as error:
+    _prepare(tmp_path, "nsp", str(big), vocab, validation_fraction=0.0)
+  assert "--objective=mlm" in _one_line(error)
+  assert sorted(os.listdir(tmp_path)) == ["one_line.txt", "sp.model", "sp.vocab"]
+  # NSP copes with such a document among others (one example per chunk, as the original).
+  mixed = write_corpus(str(tmp_path / "mixed.txt"), 20, seed=1)
+  with open(mixed, "a") as f:
+    f.write(_long_line(300_000, seed=2) + "\n\n")
+  mixed_dir = _prepare(tmp_path, "mixed", mixed, vocab, validation_fraction=0.0,
+                       block_chars=100_000)
+  assert prepare.load_meta(mixed_dir)["splits"]["train"]["rows"] > 20
+
+
+def test_vocabulary_without_text_names_the_input(tmp_path):
+  with pytest.raises(ValueError, match=r"No text to train the sentencepiece vocabulary on in "
+                                       r"--input=x.txt: none of its 2 sentences"):
+    vocab_lib.train_sentencepiece(iter(["\u200b", "\u200b\u200b"]), str(tmp_path / "a"), 300,
+                                  source="--input=x.txt")
+  with pytest.raises(ValueError, match="No sentences to train the sentencepiece vocabulary on in "
+                                       "--input=y.txt"):
+    vocab_lib.train_sentencepiece(iter([" ", ""]), str(tmp_path / "b"), 300,
+                                  source="--input=y.txt")
+  # U+2585 (sentencepiece's reserved mark) used to make it skip the whole sentence.
+  sentences = [f"\u2585 {_long_line(200, seed)}" for seed in range(50)]
+  vocab = vocab_lib.train_sentencepiece(iter(sentences), str(tmp_path / "c"), 300, "bpe",
+                                        allow_smaller_vocab=True)
+  assert vocab.piece_to_id("\u2581the") != vocab.unk_id  # Learned from those sentences.
+  assert sorted(os.listdir(tmp_path)) == ["c.model", "c.vocab"]  # No temporary directory left.
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_interrupted_preparation_leaves_nothing(small, tmp_path, monkeypatch, num_workers):
+  _, text, vocab, _ = small
+  parent = tmp_path / "out"
+  parent.mkdir()
+  output_dir = str(parent / "dataset")
+  original = examples_lib.BlockStats.add
+  calls = []
+
+  def interrupted(self, other):  # Ctrl-C between two blocks, the pool's workers busy.
+    calls.append(1)
+    if len(calls) == 3:
+      raise KeyboardInterrupt
+    original(self, other)
+
+  monkeypatch.setattr(examples_lib.BlockStats, "add", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    prepare.prepare_dataset(output_dir, lambda: corpus.iter_bert_format(text), vocab,
+                            max_seq_length=LENGTH, dupe_factor=1, block_chars=300,
+                            num_workers=num_workers)
+  assert len(calls) == 3 and os.listdir(parent) == []  # No output, no temporary directory.
+
+  def reader(paths, stats=None):  # Ctrl-C while the corpus is read.
+    for i, document in enumerate(corpus.iter_bert_format(paths, stats)):
+      if i == 10:
+        raise KeyboardInterrupt
+      yield document
+
+  monkeypatch.setattr(examples_lib.BlockStats, "add", original)
+  with pytest.raises(KeyboardInterrupt):
+    prepare.prepare_dataset(output_dir, lambda: reader(text), vocab, max_seq_length=LENGTH,
+                            dupe_factor=1, block_chars=300, num_workers=num_workers)
+  assert os.listdir(parent) == []
+  if num_workers:
+    return
+  with pytest.raises(KeyboardInterrupt):  # While training the vocabulary.
+    vocab_lib.train_sentencepiece(corpus.iter_sentences(reader(text)),
+                                  str(parent / "sp" / "m"), 300)
+  assert os.listdir(parent / "sp") == []
+
+
+def _workers(pid: int) -> int:
+  """How many multiprocessing workers `pid` has started (from /proc)."""
+  found = 0
+  for stat in glob.glob("/proc/[0-9]*/stat"):
+    try:
+      parent = int(open(stat).read().rsplit(")", 1)[1].split()[1])
+      command = open(stat[:-len("stat")] + "cmdline").read()
+    except (OSError, IndexError, ValueError):
+      continue  # Ended meanwhile.
+    found += parent == pid and "spawn_main" in command
+  return found
+
+
+def _ignores_sigint(pid: int) -> bool:
+  for line in open(f"/proc/{pid}/status"):
+    if line.startswith("SigIgn:"):
+      return bool(int(line.split()[1], 16) & (1 << (signal.SIGINT - 1)))
+  raise AssertionError("no SigIgn line")
+
+
+@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the workers in /proc")
+def test_ctrl_c_stops_the_launcher_and_removes_its_files(small, tmp_path):
+  """A real SIGINT to the process group (a terminal's Ctrl-C) while the preparation's worker
+  processes start: the partial dataset and the temporary files go, no worker prints a
+  traceback, and the launcher reports one line (bert_jax.cli: exit status 130)."""
+  _, text, _, _ = small
+  corpus_path = tmp_path / "corpus.txt"
+  with open(corpus_path, "w") as f:
+    for _ in range(20):
+      f.write(open(text).read())
+  scratch = tmp_path / "tmp"
+  scratch.mkdir()
+  process = subprocess.Popen(
+      [sys.executable, os.path.join(ROOT, "launch", "prepare_data.py"), f"--input={corpus_path}",
+       f"--output_dir={tmp_path / 'out' / 'dataset'}", "--vocab_size=300",
+       "--vocab_model_type=bpe", f"--max_seq_length={LENGTH}", "--num_workers=2"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
+      env={**os.environ, "TMPDIR": str(scratch)})
+  try:
+    deadline = time.time() + 120
+    # Until the workers have started (they import modules for a second more) and the parent
+    # handles SIGINT again (it ignores it while it starts them).
+    while _workers(process.pid) < 2 or _ignores_sigint(process.pid):
+      assert process.poll() is None and time.time() < deadline, process.communicate()
+      time.sleep(0.005)
+    os.killpg(process.pid, signal.SIGINT)
+    _, stderr = process.communicate(timeout=60)
+  finally:
+    if process.poll() is None:
+      os.killpg(process.pid, signal.SIGKILL)
+      process.wait()
+  assert process.returncode == 130, stderr[-3000:]
+  lines = stderr.strip().splitlines()
+  assert len(lines) == 1 and lines[0].startswith("error: interrupted"), stderr[-3000:]
+  assert os.listdir(tmp_path / "out") == [] and os.listdir(scratch) == []
+
+
+# ---------------------------------------------------------------------------------- storage
+
+
+def test_atomic_writes_follow_the_umask(tmp_path, monkeypatch):
+  previous = os.umask(0o022)
+  try:
+    storage.write_text(str(tmp_path / "a.json"), "{}")
+    os.umask(0o077)
+    storage.write_text(str(tmp_path / "b.json"), "{}")
+    storage.write_text(str(tmp_path / "a.json"), "{}")  # Replaced: the umask now.
+  finally:
+    os.umask(previous)
+  assert oct(os.stat(tmp_path / "b.json").st_mode & 0o777) == oct(0o600)
+  assert oct(os.stat(tmp_path / "a.json").st_mode & 0o777) == oct(0o600)
+  previous = os.umask(0o022)
+  try:
+    storage.write_text(str(tmp_path / "c.json"), "{}")
+  finally:
+    os.umask(previous)
+  assert oct(os.stat(tmp_path / "c.json").st_mode & 0o777) == oct(0o644)
+
+  def interrupted(source, target):
+    raise KeyboardInterrupt
+
+  monkeypatch.setattr(storage.os, "replace", interrupted)
+  with pytest.raises(KeyboardInterrupt):
+    storage.write_text(str(tmp_path / "d.json"), "{}")
+  assert sorted(os.listdir(tmp_path)) == ["a.json", "b.json", "c.json"]  # No .tmp-* file.
+
+
+# ------------------------------------------------------------------------ fine-tuning data
+
+
+def test_finetuning_files_without_records(tmp_path):
+  for name, content in (("empty.jsonl", ""), ("blank.jsonl", "\n \n"),
+                        ("header.csv", "text,label\n"), ("empty.csv", "")):
+    path = str(tmp_path / name)
+    open(path, "w").write(content)
+    with pytest.raises(ValueError) as error:
+      finetune_data.read_records(path)
+    assert _one_line(error) == (f"Data file {path} holds no records (it is empty, or holds "
+                                "blank lines or a CSV header only)")
+  empty = finetune_data.TaskData("train.jsonl", {"input_ids": np.zeros((0, 8), np.int32)}, [])
+  with pytest.raises(ValueError, match="train.jsonl: no training rows"):
+    finetune_data.TrainBatches(empty, 8, seed=0)
+
+
+def test_eval_batch_larger_than_the_validation_set_is_padded():
+  ids = np.arange(3 * 4, dtype=np.int32).reshape(3, 4)  # [3, L]: 3 rows.
+  data = finetune_data.TaskData("validation.jsonl", {"input_ids": ids}, [{}, {}, {}])
+  hosts = [list(finetune_data.eval_batches(data, 8, p, 2)) for p in range(2)]
+  assert [len(batches) for batches in hosts] == [1, 1]
+  first, second = hosts[0][0], hosts[1][0]
+  assert first["input_ids"].shape == second["input_ids"].shape == (4, 4)  # The batch contract.
+  np.testing.assert_array_equal(first["example_weight"], [1, 1, 1, 0])
+  np.testing.assert_array_equal(second["example_weight"], [0, 0, 0, 0])
+  np.testing.assert_array_equal(first["input_ids"][:3], ids)
+  np.testing.assert_array_equal(second["input_ids"], np.repeat(ids[:1], 4, axis=0))
+  train = finetune_data.TrainBatches(data, 8, seed=0)  # More rows a batch than the data holds.
+  batch = next(train)
+  assert batch["input_ids"].shape == (8, 4)
+  assert sorted(map(tuple, batch["input_ids"][:3])) == sorted(map(tuple, ids))
