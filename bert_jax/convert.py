@@ -8,6 +8,10 @@ HuggingFace state dicts hold the real vocabulary; bert_jax params follow their c
 """
 
 import dataclasses
+import json
+import math
+import numbers
+import re
 import warnings
 from typing import Any, Mapping
 
@@ -102,8 +106,58 @@ def _to_hf(array: np.ndarray, entry: _Entry, hf_shape) -> np.ndarray:
   return array.reshape(hf_shape)
 
 
+# Sizes of the model: whole numbers in [1, MAX_SIZE] (768.0 passes as 768: some exporters write
+# floats). MAX_SIZE: jax takes larger Python ints for no int32 argument (an OverflowError).
+SIZE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
+               "intermediate_size", "max_position_embeddings", "type_vocab_size")
+MAX_SIZE = 2**31 - 1
+# Real-valued fields: name -> (lowest, highest) allowed.
+_REAL_FIELDS = {"hidden_dropout_prob": (0.0, 1.0), "attention_probs_dropout_prob": (0.0, 1.0),
+                "initializer_range": (0.0, math.inf), "layer_norm_eps": (0.0, math.inf)}
+
+
+def _json_value(value: Any) -> str:
+  """A config value as its JSON text (null, true, "768"), cut short when long."""
+  text = json.dumps(value, default=repr)
+  return text if len(text) <= 40 else text[:37] + "..."
+
+
+def _checked_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
+  """The sizes and real-valued fields present in `hf_config`, checked (a ValueError naming the
+  field and its JSON value: a null, a string or 768.5 would otherwise surface as a TypeError
+  deep in the model, or as a hang when building a billion layers). Sizes come back as ints."""
+  checked = {}
+  for name in SIZE_FIELDS:
+    if name not in hf_config:
+      continue
+    value = hf_config[name]
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+        or not math.isfinite(value) or value != int(value) or not 1 <= value <= MAX_SIZE):
+      raise ValueError(f"{name} is {_json_value(value)}; it must be a whole number in [1, "
+                       f"{MAX_SIZE}]")
+    checked[name] = int(value)
+  for name, (low, high) in _REAL_FIELDS.items():
+    if name not in hf_config:
+      continue
+    value = hf_config[name]
+    if (isinstance(value, bool) or not isinstance(value, numbers.Real)
+        or not low <= value <= high):
+      bound = f">= {low:g}" if high == math.inf else f"in [{low:g}, {high:g}]"
+      raise ValueError(f"{name} is {_json_value(value)}; it must be a number {bound}")
+  if "hidden_size" in checked or "num_attention_heads" in checked:
+    defaults = BertConfig()  # HF's defaults fill what is absent.
+    hidden = checked.get("hidden_size", defaults.hidden_size)
+    heads = checked.get("num_attention_heads", defaults.num_attention_heads)
+    if hidden % heads:
+      raise ValueError(f"hidden_size={hidden} is not divisible by num_attention_heads={heads}")
+  return checked
+
+
 def config_from_hf(hf_config: Mapping[str, Any]) -> BertConfig:
-  """A HuggingFace `config.json` dict -> BertConfig (HF's defaults for absent fields)."""
+  """A HuggingFace `config.json` dict -> BertConfig (HF's defaults for absent fields); a
+  ValueError naming the field when one is missing its type or range."""
+  if not isinstance(hf_config, Mapping):
+    raise ValueError(f"the config is a {type(hf_config).__name__}, not an object of fields")
   model_type = hf_config.get("model_type", "bert")
   if model_type != "bert":
     raise ValueError(f"config model_type is {model_type!r}, not 'bert'")
@@ -113,7 +167,9 @@ def config_from_hf(hf_config: Mapping[str, Any]) -> BertConfig:
                      "BERT's learned absolute positions)")
   fields = [f.name for f in dataclasses.fields(BertConfig)
             if f.name not in ("dtype", "param_dtype")]
-  return BertConfig(**{name: hf_config[name] for name in fields if name in hf_config})
+  checked = _checked_fields(hf_config)
+  return BertConfig(**{name: checked.get(name, hf_config[name]) for name in fields
+                       if name in hf_config})
 
 
 def _as_numpy(value) -> np.ndarray:
@@ -146,6 +202,7 @@ def params_from_hf(state_dict: Mapping[str, Any], config: BertConfig) -> dict:
   """
   padded_config, config = config, dataclasses.replace(config, vocab_pad_multiple=1)
   tensors = _normalise_keys(state_dict)
+  check_layer_count(tensors, config)  # Before the table: a config may claim a billion layers.
   shapes = _expected_shapes(config)
   table = _param_table(config)
   known = {entry.hf_name for entry in table}
@@ -197,6 +254,27 @@ def params_from_hf(state_dict: Mapping[str, Any], config: BertConfig) -> dict:
                   "converted (the missing ones must be initialised, e.g. by fine-tuning)",
                   stacklevel=2)
   return pad_vocab(params, padded_config)
+
+
+_LAYER_KEY = re.compile(r"^bert\.encoder\.layer\.(\d+)\.")
+
+
+def check_layer_count(tensors: Mapping[str, Any], config: BertConfig) -> None:
+  """Refuses a state dict (BertForPreTraining names) whose encoder layers are not exactly
+  0 .. num_hidden_layers - 1, before anything is built per layer."""
+  layers = {int(m.group(1)) for m in map(_LAYER_KEY.match, tensors) if m}
+  n = config.num_hidden_layers
+  # The first absent index is at most len(layers): never a loop or a set over `n` (it may be
+  # a billion).
+  first_absent = next(i for i in range(len(layers) + 1) if i not in layers)
+  if first_absent < n:
+    raise ValueError(f"Missing key in the checkpoint: bert.encoder.layer.{first_absent}.* (the "
+                     f"config says num_hidden_layers={n}, the checkpoint has {len(layers)} "
+                     "layers)")
+  extra = sorted(i for i in layers if i >= n)
+  if extra:
+    raise ValueError(f"Unknown keys in the checkpoint (not part of BERT): "
+                     f"bert.encoder.layer.{extra[0]}.* (the config says num_hidden_layers={n})")
 
 
 def params_to_hf(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:

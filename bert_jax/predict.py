@@ -58,6 +58,8 @@ def fill_mask(checkpoint: str | tuple[BertConfig, dict, Vocab], text: str,
   """For each [MASK] in `text` (left to right), the `top_k` (token, probability) of the MLM
   head, special tokens left out. `checkpoint` is anything `weights.load_pretrained` reads (with
   its MLM head and vocabulary), or its loaded (config, params, vocab)."""
+  if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
+    raise ValueError(f"top_k={top_k!r}: it must be an integer >= 1")
   if isinstance(checkpoint, str):
     from bert_jax import weights  # Imports HF/TF readers only when needed.
 
@@ -71,6 +73,11 @@ def fill_mask(checkpoint: str | tuple[BertConfig, dict, Vocab], text: str,
     raise ValueError(f"{source} has no MLM head (an encoder-only checkpoint cannot fill masks)")
   if MASK_TEXT not in text:
     raise ValueError(f"The text has no {MASK_TEXT}: {text!r}")
+  candidates = proposable_ids(vocab, config)
+  if top_k > len(candidates):
+    raise ValueError(f"top_k={top_k} is more than the {len(candidates)} tokens {source} can "
+                     f"propose (its vocabulary less the special tokens); the maximum is "
+                     f"{len(candidates)}")
   ids = encode_with_masks(vocab, text)
   if len(ids) > config.max_position_embeddings:
     raise ValueError(f"The text is {len(ids)} pieces long; the model takes at most "
@@ -85,16 +92,22 @@ def fill_mask(checkpoint: str | tuple[BertConfig, dict, Vocab], text: str,
   padded_positions[0, :len(positions)] = positions
   outputs = _mlm_forward(config)(params, input_ids, np.zeros_like(input_ids), attention_mask,
                                  padded_positions)
+  # The real vocabulary's rows (the table may have padding rows, or unused rows past it).
   logits = np.asarray(outputs["mlm_logits"][0, :len(positions)], np.float64)[:, :vocab.size]
   probs = np.exp(logits - logits.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
-  special = [i for i in vocab.special_ids if i != vocab.unk_id]
-  probs[:, special] = -1.0  # Never proposed; the others keep their full-vocabulary probability.
   results = []
-  for row in probs:
-    best = np.argsort(-row, kind="stable")[:top_k]
-    results.append([(_display(vocab, int(i)), float(row[i])) for i in best])
+  for row in probs[:, candidates]:  # Specials never proposed; the others keep their
+    best = np.argsort(-row, kind="stable")[:top_k]  # full-vocabulary probability.
+    results.append([(_display(vocab, int(candidates[i])), float(row[i])) for i in best])
   return results
+
+
+def proposable_ids(vocab: Vocab, config: BertConfig) -> np.ndarray:
+  """[N] int: the ids fill-mask may propose, the vocabulary's less its special tokens ([PAD],
+  [UNK], [CLS], [SEP], [MASK]: none is an answer); N is the largest top_k."""
+  ids = np.arange(min(vocab.size, config.vocab_size))
+  return ids[~np.isin(ids, vocab.special_ids)]
 
 
 # ----------------------------------------------------------------------------- fine-tuned
@@ -150,9 +163,61 @@ def predict(finetuned: Finetuned | str, records: Sequence[finetune_data.Record |
   {"label", "probabilities"} / {"score"} (regression) / {"words", "tags"} / {"answer", "start",
   "end", "score"} (character offsets into text_b; a passage longer than one row is read in
   windows of the checkpoint's doc_stride, merged into one answer)."""
+  if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
+    raise ValueError(f"batch_size={batch_size!r}: it must be an integer >= 1")
+  if not records:
+    raise ValueError("No input records to predict")
   if isinstance(finetuned, str):
     finetuned = load_finetuned(finetuned)
-  records = [r if isinstance(r, tuple) else ("<input>", i + 1, r)
-             for i, r in enumerate(records)]
+  records = _as_records(records)
   data = finetuned.task.encode(records, finetuned.vocab, with_labels=False)
   return finetuned.task.predictions(_outputs(finetuned, data, batch_size), data)
+
+
+def _as_records(records: Sequence[finetune_data.Record | dict]) -> list[finetune_data.Record]:
+  return [r if isinstance(r, tuple) else ("<input>", i + 1, r) for i, r in enumerate(records)]
+
+
+def _where(record: finetune_data.Record) -> str:
+  """"file, line N", or the flag a record came from ("--text")."""
+  return record[0] if record[0].startswith("--") else finetune_data.where(record)
+
+
+def truncation_notes(finetuned: Finetuned, records: Sequence[finetune_data.Record | dict],
+                     limit: int = 10) -> list[str]:
+  """What the model does not read, one line per record the task's encoding cuts (at most
+  `limit` lines, then one that counts the rest): "--text: the text has 700 pieces with [CLS]
+  and [SEP]; the model reads the first 128 (max_seq_length)". Classification and tagging cut
+  rows at max_seq_length, QA cuts questions at max_query_length (its passages are read whole,
+  in windows)."""
+  settings, vocab, name = finetuned.task.settings, finetuned.vocab, finetuned.task.name
+  length = settings.max_seq_length
+  outside = "O" if "O" in settings.labels else (settings.labels or ("O",))[0]  # As tagging's.
+  notes = []
+  for record in _as_records(records):
+    if name == "qa":
+      pieces = len(vocab.encode(finetune_data.field(record, "text")))
+      if pieces > settings.max_query_length:
+        notes.append(f"{_where(record)}: the question has {pieces} pieces; the model reads the "
+                     f"first {settings.max_query_length} (max_query_length)")
+    elif name == "tagging":
+      words = finetune_data.field(record, "text").split()
+      pieces = sum(len(p) for p in vocab.encode_batch(words)) + 2 if words else 2
+      if pieces > length:
+        notes.append(f"{_where(record)}: the text has {pieces} pieces with [CLS] and [SEP]; the "
+                     f"model reads the first {length} (max_seq_length); the words past "
+                     f"them are tagged {outside}")
+    else:
+      text_b = finetune_data.text_b(record)
+      pieces = len(vocab.encode(finetune_data.field(record, "text"))) + 2
+      if text_b:
+        pieces += len(vocab.encode(text_b)) + 1
+      if pieces > length:
+        cut = ("the longer of text and text_b is cut first" if text_b else
+               f"the model reads the first {length}")
+        notes.append(f"{_where(record)}: the {'pair' if text_b else 'text'} has {pieces} pieces "
+                     f"with [CLS] and [SEP]; {cut}"
+                     + (f", to {length}" if text_b else "") + " (max_seq_length)")
+  if len(notes) > limit:
+    notes = notes[:limit] + [f"... and {len(notes) - limit} more inputs cut the same way"]
+  return notes

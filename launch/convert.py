@@ -11,7 +11,8 @@ r"""Converts pretrained BERTs between HuggingFace, TensorFlow (google-research/b
 
 The output of --from_hf/--from_tf is what `bert_jax.load_pretrained` (and so fine-tuning and
 continued pretraining) starts from. TensorFlow is not needed: its checkpoint format is read
-directly. Every input and output may be in a bucket (gs://...):
+directly. An output directory that is, holds or lies inside an input is refused before anything
+is read, --overwrite or not. Every input and output may be in a bucket (gs://...):
 
   python launch/convert.py --from_hf=gs://bucket/hf/bert-base-uncased \
       --output_dir=gs://bucket/pretrained/base
@@ -46,23 +47,70 @@ flags.DEFINE_string("note", "", "Where the weights come from, recorded in the ou
 flags.DEFINE_bool("overwrite", False, "Replace a non-empty output directory.")
 
 
-def _convert(flag_values) -> str:
-  from bert_jax import weights  # After flag parsing: importing pulls in jax.
-
-  lowercase = {"auto": None, "true": True, "false": False}[flag_values.lowercase]
+def _check_flags(flag_values) -> str:
+  """The mode (from_hf, from_tf or from_bert_jax), after refusing flag combinations that would
+  fail later or be silently ignored."""
   modes = [name for name in ("from_hf", "from_tf", "from_bert_jax") if flag_values[name].value]
   if len(modes) != 1:
     raise app.UsageError("Give exactly one of --from_hf, --from_tf, --from_bert_jax")
-  if modes[0] == "from_bert_jax":
-    if not flag_values.to_hf:
-      raise app.UsageError("--from_bert_jax needs --to_hf=OUTPUT_DIR")
+  mode = modes[0]
+  if mode == "from_bert_jax":
+    if not flag_values.to_hf or flag_values.output_dir:
+      raise app.UsageError("--from_bert_jax needs --to_hf=OUTPUT_DIR (and no --output_dir)")
+    ignored = [f"--{name}" for name in ("bert_config", "vocab", "note")
+               if flag_values[name].value] + (
+                   ["--lowercase"] if flag_values.lowercase != "auto" else [])
+    if ignored:
+      raise app.UsageError(f"{', '.join(ignored)}: not used with --from_bert_jax (the export "
+                           "keeps the checkpoint's config and vocabulary)")
+    return mode
+  if not flag_values.output_dir or flag_values.to_hf:
+    raise app.UsageError(f"--{mode} needs --output_dir=OUTPUT_DIR (and no --to_hf)")
+  if mode == "from_hf" and (flag_values.bert_config or flag_values.vocab):
+    raise app.UsageError("--bert_config and --vocab are for --from_tf (a HuggingFace directory "
+                         "holds its own config.json and vocabulary)")
+  return mode
+
+
+def _inputs(flag_values, mode: str) -> dict[str, str]:
+  """What the conversion reads, named for the error that keeps the output apart from it."""
+  from bert_jax.weights import tf_bundle  # pylint: disable=g-import-not-at-top
+
+  source = flag_values[mode].value
+  if mode == "from_hf":
+    return {"the --from_hf directory": source}
+  if mode == "from_bert_jax":
+    # A directory (pretrained or workdir); a TF checkpoint prefix stands for its directory.
+    directory = source if storage.isdir(source) else os.path.dirname(storage.absolute(source))
+    return {"--from_bert_jax": source, "the --from_bert_jax directory": directory}
+  inputs = {"--from_tf": source}
+  # The checkpoint's directory (its `checkpoint` file may point elsewhere), and the config and
+  # vocabulary files, beside it or given.
+  inputs["the --from_tf checkpoint's directory"] = os.path.dirname(
+      tf_bundle.resolve_prefix(storage.absolute(source)))
+  inputs["--bert_config"] = flag_values.bert_config
+  inputs["--vocab"] = flag_values.vocab
+  return inputs
+
+
+def _convert(flag_values) -> str:
+  mode = _check_flags(flag_values)
+  # After flag parsing: importing pulls in jax.
+  from bert_jax import weights  # pylint: disable=g-import-not-at-top
+  from bert_jax.weights import files  # pylint: disable=g-import-not-at-top
+
+  # Before anything is read or written: an output that is, holds or lies inside an input would
+  # delete it (--overwrite) or mix the conversion's files with it.
+  output_flag = "--to_hf" if mode == "from_bert_jax" else "--output_dir"
+  output = flag_values.to_hf if mode == "from_bert_jax" else flag_values.output_dir
+  files.check_apart(output, _inputs(flag_values, mode), output_flag)
+  lowercase = {"auto": None, "true": True, "false": False}[flag_values.lowercase]
+  if mode == "from_bert_jax":
     config, params, vocab = weights.load_pretrained(flag_values.from_bert_jax)
     architecture = weights.save_hf(flag_values.to_hf, params, config, vocab,
                                    overwrite=flag_values.overwrite)
     return f"Wrote {architecture} to {flag_values.to_hf}"
-  if not flag_values.output_dir or flag_values.to_hf:
-    raise app.UsageError(f"--{modes[0]} needs --output_dir=OUTPUT_DIR (and no --to_hf)")
-  if modes[0] == "from_hf":
+  if mode == "from_hf":
     source = flag_values.from_hf
     config, params, vocab = weights.load_hf(source, lowercase)
     note = flag_values.note or f"HuggingFace {storage.absolute(source)}"

@@ -9,7 +9,8 @@ r"""Predictions from the command line.
 
 fill_mask reads any pretrained checkpoint `weights.load_pretrained` reads (with its MLM head);
 classify / tag / qa read a `launch/finetune.py` workdir and print one JSON line per input (qa:
-one answer per question, however many windows of max_seq_length its passage takes).
+one answer per question, however many windows of max_seq_length its passage takes); an input
+longer than the model reads is named in a "note:" line on stderr.
 """
 
 import json
@@ -28,36 +29,66 @@ _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Pretrained checkpoint (fi
 _TEXT = flags.DEFINE_string("text", None, "Input text (the question for qa).")
 _TEXT_B = flags.DEFINE_string("text_b", None, "Second text (the passage for qa).")
 _INPUT_FILE = flags.DEFINE_string("input_file", None, "JSONL or CSV with text (and text_b).")
-_TOP_K = flags.DEFINE_integer("top_k", 5, "fill_mask: tokens shown per [MASK].")
-_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.")
+# lower_bound: a bad value is refused while parsing (one line, exit status 2).
+_TOP_K = flags.DEFINE_integer("top_k", 5, "fill_mask: tokens shown per [MASK] (at most the "
+                              "vocabulary's size less its special tokens).", lower_bound=1)
+_BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.",
+                                   lower_bound=1)
 flags.mark_flags_as_required(["mode", "checkpoint"])
 
 _TASK_OF_MODE = {"classify": "classification", "tag": "tagging", "qa": "qa"}
 
 
+def _check_flags() -> None:
+  """Refuses what a mode cannot use (silently ignored, it would hide a mistake) and empty text."""
+  mode = _MODE.value
+  given = {name for name in ("text_b", "input_file", "top_k", "batch_size")
+           if flags.FLAGS[name].present}
+  if _TEXT.value is not None and not _TEXT.value.strip():
+    raise app.UsageError("--text is empty")
+  if _TEXT_B.value is not None and not _TEXT_B.value.strip():
+    raise app.UsageError("--text_b is empty")
+  if mode == "fill_mask":
+    if not _TEXT.value:
+      raise app.UsageError("--mode=fill_mask needs --text with [MASK] in it")
+    unused = given & {"text_b", "input_file", "batch_size"}
+  else:
+    if bool(_TEXT.value) == bool(_INPUT_FILE.value):
+      raise app.UsageError("Give exactly one of --text and --input_file")
+    if mode == "qa" and _TEXT.value and not _TEXT_B.value:
+      raise app.UsageError("--mode=qa needs --text_b (the passage) with --text (the question)")
+    unused = given & ({"top_k"} | ({"text_b"} if mode == "tag" or _INPUT_FILE.value else set()))
+  if unused:
+    raise app.UsageError(f"{', '.join('--' + n for n in sorted(unused))}: not used by "
+                         f"--mode={mode}" + (" with --input_file (the file holds text_b)"
+                                             if _INPUT_FILE.value and "text_b" in unused else ""))
+
+
 def main() -> None:
+  _check_flags()
   from bert_jax import finetune_data, predict  # pylint: disable=g-import-not-at-top
 
   if _MODE.value == "fill_mask":
-    if not _TEXT.value:
-      raise app.UsageError("--mode=fill_mask needs --text with [MASK] in it")
     for index, candidates in enumerate(predict.fill_mask(_CHECKPOINT.value, _TEXT.value,
                                                          _TOP_K.value)):
       print(f"[MASK] {index + 1}:")
       for token, probability in candidates:
         print(f"  {token}\t{probability:.4f}")
     return
-  if bool(_TEXT.value) == bool(_INPUT_FILE.value):
-    raise app.UsageError("Give exactly one of --text and --input_file")
+  if _INPUT_FILE.value:  # Read before the checkpoint: a bad file fails fast.
+    records = finetune_data.read_records(_INPUT_FILE.value)
+    if not records:
+      raise ValueError(f"{_INPUT_FILE.value} holds no records")
+  else:
+    fields = {"text": _TEXT.value, **({"text_b": _TEXT_B.value} if _TEXT_B.value else {})}
+    records = [("--text", 1, fields)]
   finetuned = predict.load_finetuned(_CHECKPOINT.value)
   if finetuned.task.name != _TASK_OF_MODE[_MODE.value]:
     raise app.UsageError(f"{_CHECKPOINT.value} was fine-tuned for {finetuned.task.name}, not for "
                          f"--mode={_MODE.value}")
-  if _INPUT_FILE.value:
-    records = finetune_data.read_records(_INPUT_FILE.value)
-  else:
-    fields = {"text": _TEXT.value, **({"text_b": _TEXT_B.value} if _TEXT_B.value else {})}
-    records = [("--text", 1, fields)]
+  # Said before the predictions: what the model does not read of each input.
+  for note in predict.truncation_notes(finetuned, records):
+    print(f"note: {note}", file=sys.stderr)
   for prediction in predict.predict(finetuned, records, _BATCH_SIZE.value):
     print(json.dumps(prediction))
 

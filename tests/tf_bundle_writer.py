@@ -2,8 +2,10 @@
 google-research/bert checkpoints without TensorFlow. Only the tests write bundles: bert_jax reads
 them (`bert_jax/weights/tf_bundle.py`), and its format constants and checksums are shared here."""
 
+import dataclasses
 import os
 import struct
+from typing import Any
 
 import numpy as np
 
@@ -91,8 +93,11 @@ def write_table(path: str, entries: list[tuple[bytes, bytes]], block_size: int =
     f.write(bytes(out) + footer)
 
 
-def write_bundle(prefix: str, tensors: dict[str, np.ndarray], block_size: int = 4096) -> None:
-  """Writes `tensors` as a one-shard TF tensor bundle (`<prefix>.index` + one data file)."""
+def write_bundle(prefix: str, tensors: dict[str, np.ndarray], block_size: int = 4096,
+                 tamper: dict[str, dict[str, Any]] | None = None) -> None:
+  """Writes `tensors` as a one-shard TF tensor bundle (`<prefix>.index` + one data file).
+  `tamper`: tensor name -> `BundleEntry` fields whose recorded values the index gets instead of
+  the true ones (e.g. {"w": {"shape": (100000, 100000)}}), for tests of damaged indexes."""
   os.makedirs(os.path.dirname(os.path.abspath(prefix)), exist_ok=True)
   entries, offset = [], 0
   with open(tf_bundle.data_filename(prefix, 0, 1), "wb") as data:
@@ -103,6 +108,7 @@ def write_bundle(prefix: str, tensors: dict[str, np.ndarray], block_size: int = 
       entry = tf_bundle.BundleEntry(
           dtype=_TF_DTYPE_OF[array.dtype], shape=tuple(array.shape), shard_id=0, offset=offset,
           size=len(raw), crc32c=tf_bundle.mask_crc(tf_bundle.crc32c(raw)), sliced=False)
+      entry = dataclasses.replace(entry, **(tamper or {}).get(name, {}))
       data.write(raw)
       offset += len(raw)
       entries.append((name.encode("utf-8"), serialize_entry(entry)))

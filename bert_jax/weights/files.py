@@ -1,9 +1,11 @@
-"""File handling the weight formats share: JSON files read with errors that name them, and output
-directories that are never silently overwritten. Paths are local or in a bucket (gs://, through
-`bert_jax.storage`)."""
+"""File handling the weight formats share: JSON files read with errors that name them, output
+directories that are never silently overwritten, and never one that is, holds or lies inside a
+conversion's input. Paths are local or in a bucket (gs://, through `bert_jax.storage`)."""
 
 import json
 import os
+import posixpath
+from typing import Mapping
 
 from bert_jax import storage
 
@@ -11,9 +13,12 @@ from bert_jax import storage
 def read_json(path: str) -> dict:
   """The JSON object in `path`; a ValueError naming the file when it is not valid JSON."""
   try:
-    return json.loads(storage.read_text(path))
-  except json.JSONDecodeError as e:
+    value = json.loads(storage.read_text(path))
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
     raise ValueError(f"{path} is not valid JSON ({e})") from e
+  if not isinstance(value, dict):  # Every reader looks fields up by name.
+    raise ValueError(f"{path} holds a JSON {type(value).__name__}, not an object of fields")
+  return value
 
 
 def write_json(path: str, value: dict) -> None:
@@ -31,3 +36,46 @@ def fresh_output_dir(directory: str, overwrite: bool) -> str:
     storage.remove_tree(directory)
   storage.makedirs(directory)  # (In a bucket directories exist only through their files.)
   return directory
+
+
+def _comparable(path: str) -> str:
+  """`path` as a location to compare, ending in a separator (so a prefix is an ancestor): a
+  local path resolved (symlinks and `..`, as far as it exists), a bucket URL normalised."""
+  path = os.fspath(path)
+  if storage.is_remote(path):
+    scheme, rest = path.split("://", 1)
+    scheme = "gs" if scheme == "gcs" else scheme  # Two names of one protocol.
+    rest = posixpath.normpath("/" + rest).strip("/")  # Doubled slashes, "." and "..".
+    return f"{scheme}://{rest}/"
+  return os.path.join(os.path.realpath(os.path.abspath(path)), "")
+
+
+def _shown(path: str, resolved: str) -> str:
+  """The path as given (made absolute), and what it resolves to when that differs."""
+  given = storage.absolute(os.fspath(path))
+  resolved = resolved.rstrip("/" if storage.is_remote(resolved) else os.sep) or resolved
+  return given if resolved == given else f"{given} (= {resolved})"
+
+
+def check_apart(output: str, inputs: Mapping[str, str], output_name: str = "the output") -> None:
+  """Refuses an output directory that is one of `inputs` (name -> path: directories or files),
+  holds one, or lies inside one: replacing it (--overwrite) would delete the input, and writing
+  into an input directory would mix a conversion's files with the originals. Run before
+  anything is read or written; the ValueError names both paths."""
+  out = _comparable(output)
+  for name, path in inputs.items():
+    if not path:
+      continue
+    source = _comparable(path)
+    if out == source:
+      relation = "is"
+    elif source.startswith(out):
+      relation = "holds"
+    elif out.startswith(source):
+      relation = "lies inside"
+    else:
+      continue
+    raise ValueError(f"{output_name} {_shown(output, out)} {relation} {name} "
+                     f"{_shown(path, source)}: an output there would delete the input (with "
+                     "--overwrite) or mix files with it; choose an output directory apart from "
+                     "the input")

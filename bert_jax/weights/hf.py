@@ -50,6 +50,9 @@ def read_vocab(directory: str, lowercase: bool | None = None) -> Vocab:
     tokenizer_config = storage.join(directory, "tokenizer_config.json")
     if storage.isfile(tokenizer_config):
       lowercase = files.read_json(tokenizer_config).get("do_lower_case")
+      if lowercase is not None and not isinstance(lowercase, bool):
+        raise ValueError(f"{tokenizer_config}: do_lower_case is {lowercase!r}; it must be true, "
+                         "false or absent")
   for name in VOCAB_FILES:
     if storage.isfile(storage.join(directory, name)):
       return Vocab.load(storage.join(directory, name), lowercase)
@@ -125,7 +128,12 @@ def read_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
     if not name.endswith(".index.json"):
       return load(path), path
     state = {}
-    for file in sorted(set(files.read_json(path).get("weight_map", {}).values())):
+    weight_map = files.read_json(path).get("weight_map", {})
+    if not isinstance(weight_map, dict) or not all(
+        isinstance(f, str) and f and "/" not in f for f in weight_map.values()):
+      raise ValueError(f"{path}: weight_map must map parameter names to file names in "
+                       f"{directory}")
+    for file in sorted(set(weight_map.values())):
       if not storage.isfile(storage.join(directory, file)):
         raise ValueError(f"{path} names {file}, which does not exist")
       state.update(load(storage.join(directory, file)))

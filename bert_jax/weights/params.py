@@ -9,6 +9,7 @@ be absent.
 
 import dataclasses
 import logging
+import re
 import warnings
 from typing import Any, Mapping
 
@@ -80,12 +81,29 @@ def _check_structure(flat: Mapping[Path, Any], expected: Mapping[Path, tuple[int
       raise ValueError(f"{source}: the {HEAD_TITLES[head]} is incomplete (no {missing})")
 
 
+def _check_layer_count(flat: Mapping[Path, Any], config: BertConfig, source: str) -> None:
+  """The tree's encoder layers are bert/layer_0 .. layer_{n-1} of the config (a config that
+  claims a billion layers is refused here, not by building them)."""
+  layers = {int(p[1][len("layer_"):]) for p in flat
+            if len(p) > 1 and p[0] == "bert" and re.fullmatch(r"layer_\d+", p[1])}
+  n = config.num_hidden_layers
+  first_absent = next(i for i in range(len(layers) + 1) if i not in layers)
+  if first_absent < n:
+    raise ValueError(f"{source}: missing parameter bert/layer_{first_absent} (the config says "
+                     f"num_hidden_layers={n}, the params have {len(layers)} layers)")
+  extra = sorted(i for i in layers if i >= n)
+  if extra:
+    raise ValueError(f"{source}: parameters that BertForPreTraining does not have: "
+                     f"bert/layer_{extra[0]} (the config says num_hidden_layers={n})")
+
+
 def check_params(params: Mapping, config: BertConfig, source: str) -> dict:
   """float32 numpy copy of `params` after checking it against `config`: every encoder
   parameter present, each head whole or absent, no unknown path, every shape right, every value
   finite. Errors are ValueErrors that start with `source`."""
-  expected = convert._expected_shapes(config)  # pylint: disable=protected-access
   flat = flatten(nn.meta.unbox(params))
+  _check_layer_count(flat, config, source)  # First: the shapes below are built per layer.
+  expected = convert._expected_shapes(config)  # pylint: disable=protected-access
   _check_structure(flat, expected, source)
   out = {}
   for path, shape in expected.items():

@@ -15,6 +15,7 @@ seekable handles (`storage.open_binary`), so only the tensors asked for are fetc
 from __future__ import annotations
 
 import dataclasses
+import math
 import os
 import re
 import struct
@@ -34,6 +35,9 @@ NO_COMPRESSION, _SNAPPY = 0, 1
 DTYPES = {1: "<f4", 2: "<f8", 3: "<i4", 4: "u1", 5: "<i2", 6: "i1", 9: "<i8", 10: "?",
           14: "bfloat16", 17: "<u2", 19: "<f2", 22: "<u4", 23: "<u8"}
 _DT_STRING = 7
+# More data shards than any real checkpoint has (TF writes one per saving device): a header
+# that claims more is damaged, and its data file names would never end.
+_MAX_SHARDS = 1 << 20
 
 
 # ---------------------------------------------------------------------------------- crc32c
@@ -334,6 +338,7 @@ class BundleReader:
               if storage.isfile(prefix) else "")
       raise ValueError(f"TensorFlow checkpoint index {self.index_file} does not exist{hint}; "
                        "pass the checkpoint prefix, e.g. .../bert_model.ckpt")
+    self._data_sizes: dict[int, int] = {}
     index_bytes = storage.read_bytes(self.index_file)
     try:
       table = read_table(index_bytes)
@@ -341,10 +346,14 @@ class BundleReader:
         raise ValueError("no bundle header entry")
       header = dict(_proto_fields(table[0][1]))
       self.entries = {key.decode("utf-8"): BundleEntry.parse(value) for key, value in table[1:]}
-    except (ValueError, struct.error, UnicodeDecodeError) as e:
+      num_shards = header.get(1, 1)
+      if not isinstance(num_shards, int) or not 1 <= num_shards <= _MAX_SHARDS:
+        raise ValueError(f"the header records {num_shards!r} data shards")
+    # TypeError / IndexError: a field of the wrong wire type where a number or message belongs.
+    except (ValueError, struct.error, UnicodeDecodeError, TypeError, IndexError) as e:
       raise ValueError(f"{self.index_file} is not a readable TensorFlow tensor-bundle index "
                        f"({e})") from e
-    self.num_shards = int(header.get(1, 1))
+    self.num_shards = num_shards
     if header.get(2, 0) != 0:
       raise ValueError(f"{self.index_file}: big-endian checkpoints are not supported")
 
@@ -360,14 +369,17 @@ class BundleReader:
     for f in files:
       f.close()
 
-  def _data_file(self, shard: int) -> BinaryIO:
-    """The open data file of `shard` (seekable: tensors are read at their offsets)."""
+  def _data_file(self, shard: int) -> tuple[BinaryIO, int]:
+    """The open data file of `shard` (seekable: tensors are read at their offsets) and its size
+    in bytes."""
     if shard not in self._data_files:
       data_file = data_filename(self.prefix, shard, self.num_shards)
       if not storage.isfile(data_file):
         raise ValueError(f"TensorFlow checkpoint data file {data_file} does not exist")
-      self._data_files[shard] = storage.open_binary(data_file)
-    return self._data_files[shard]
+      f = storage.open_binary(data_file)
+      self._data_sizes[shard] = f.seek(0, os.SEEK_END)
+      self._data_files[shard] = f
+    return self._data_files[shard], self._data_sizes[shard]
 
   def names(self) -> list[str]:
     return sorted(self.entries)
@@ -384,12 +396,24 @@ class BundleReader:
       import ml_dtypes  # A jax dependency.
       dtype = ml_dtypes.bfloat16
     dtype = np.dtype(dtype)
-    count = int(np.prod(entry.shape, dtype=np.int64))
-    if entry.size != count * dtype.itemsize:
+    # Every claim of the entry checked against the others and against the data file before a
+    # byte is read: a damaged index must not ask for 40 GB (a MemoryError, or swap).
+    if any(d < 0 for d in entry.shape):
+      raise ValueError(f"{self.index_file}: {name} has shape {entry.shape}, with a negative "
+                       "dimension (a damaged index)")
+    nbytes = math.prod(entry.shape) * dtype.itemsize  # Python ints: no overflow.
+    if entry.size != nbytes:
       raise ValueError(f"{self.index_file}: {name} records {entry.size} bytes for shape "
-                       f"{entry.shape} of {dtype}")
+                       f"{entry.shape} of {dtype} ({nbytes} bytes; a damaged index)")
+    if not 0 <= entry.shard_id < self.num_shards:
+      raise ValueError(f"{self.index_file}: {name} is in data shard {entry.shard_id}, the "
+                       f"checkpoint has {self.num_shards}")
     data_file = data_filename(self.prefix, entry.shard_id, self.num_shards)
-    f = self._data_file(entry.shard_id)
+    f, file_size = self._data_file(entry.shard_id)
+    if entry.offset < 0 or entry.offset + entry.size > file_size:
+      raise ValueError(f"{data_file} is truncated, or {self.index_file} damaged: {name} (shape "
+                       f"{entry.shape} of {dtype}) needs bytes {entry.offset}.."
+                       f"{entry.offset + entry.size}, the file has {file_size}")
     f.seek(entry.offset)
     raw = f.read(entry.size)
     if len(raw) != entry.size:
