@@ -15,12 +15,13 @@ temporary directory), so a crash mid-save never leaves one that a reader would p
 
 import contextlib
 import dataclasses
+import hashlib
 import json
 import os
 import re
 import threading
 import time
-from typing import Any
+from typing import Any, Callable
 
 import grain
 import jax
@@ -30,8 +31,9 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from bert_jax import checkpoint_integrity, storage
+from bert_jax import checkpoint_integrity, storage, workdir_lock
 from bert_jax.data.vocab import Vocab
+from bert_jax.stop_signals import StopSignals, interruptible
 
 CHECKPOINTS_DIR = "checkpoints"
 BEST_DIR = "best"
@@ -110,26 +112,66 @@ def _os_cause(error: BaseException) -> BaseException:
   return error
 
 
+@contextlib.contextmanager
+def _reporting(directory: str, what: str):
+  """Turns a failed write into one `CheckpointSaveError` naming the directory and cause."""
+  try:
+    yield
+  except (CheckpointSaveError, workdir_lock.LockLostError):
+    raise
+  except Exception as e:  # pylint: disable=broad-except
+    cause = str(_os_cause(e))
+    # tensorstore words an OSError in its own status text: name the OS cause where it can.
+    found = re.search(r"No space left on device|Permission denied|Read-only file system|"
+                      r"Disk quota exceeded", cause)
+    logging.info("Writing %s in %s failed: %s", what, directory, cause)
+    raise CheckpointSaveError(
+        f"Could not write {what} in {directory}: "
+        f"{found.group(0) if found else ' '.join(cause.split())}. Nothing of it was kept; a "
+        "restart resumes from the last complete checkpoint once the cause is fixed "
+        "(free space, permissions).") from e
+
+
+def _manager_options(max_to_keep: int, async_save: bool) -> ocp.CheckpointManagerOptions:
+  """orbax options of every manager here. The step directory is created in the caller's thread:
+  created asynchronously, a directory that cannot be made (read-only, no inodes) left orbax's
+  other threads waiting for its signal for 20 minutes, with no error."""
+  if max_to_keep < 1:  # orbax would delete each checkpoint right after writing it.
+    raise ValueError(f"config.checkpoint.max_to_keep={max_to_keep} must be at least 1")
+  return ocp.CheckpointManagerOptions(
+      max_to_keep=max_to_keep, enable_async_checkpointing=async_save, create=True,
+      cleanup_tmp_directories=True,  # Leftovers of an interrupted save go at start.
+      async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
+
+
+def _wait(stop: StopSignals | None, blocking: Callable[[], Any], what: str) -> Any:
+  """A checkpoint wait that honours SIGTERM (after its grace) and SIGINT."""
+  return stop.wait(blocking, what) if stop is not None else interruptible(blocking, what)
+
+
 class Checkpointer:
   """Keep-N, interval-based, asynchronous training checkpoints with automatic resume.
 
   Every committed checkpoint gets a verification record (`checkpoint_integrity`); at start the
   newest checkpoint that verifies is the one resumed from. Damaged newer ones are set aside
   (renamed `<step>.damaged`, never deleted) with a warning, or stop the run when
-  `checkpoint_config.on_damaged` is "fail". All processes agree on the step (process 0 checks).
+  `checkpoint_config.on_damaged` is "fail"; so is one that verifies but cannot be restored.
+  All processes agree on the step (process 0 checks). Every write and wait ends in seconds with
+  a `CheckpointSaveError` when storage refuses it, and honours SIGTERM/SIGINT (`stop`).
   """
 
-  def __init__(self, workdir: str, checkpoint_config):
-    self.directory = storage.join(storage.absolute(workdir), CHECKPOINTS_DIR)
+  def __init__(self, workdir: str, checkpoint_config, stop: StopSignals | None = None):
+    self.workdir = storage.absolute(workdir)
+    self.directory = storage.join(self.workdir, CHECKPOINTS_DIR)
     self.save_every_steps = checkpoint_config.save_every_steps
-    self._resume_step = _select_step(self.directory, checkpoint_config.on_damaged)
+    self.on_damaged = checkpoint_config.on_damaged
+    self.stop = stop
+    options = _manager_options(checkpoint_config.max_to_keep, checkpoint_config.async_save)
+    self._resume_step = _select_step(self.directory, self.on_damaged)
     self._recorder: threading.Thread | None = None  # Writes the pending verification record.
-    self._save_failed = threading.Event()  # Tells the recorder to give up.
+    self._committed = threading.Event()  # orbax finished the pending save: one last look.
+    self._record_error: BaseException | None = None
     self._pending: int | None = None  # The last step saved.
-    options = ocp.CheckpointManagerOptions(
-        max_to_keep=checkpoint_config.max_to_keep,
-        enable_async_checkpointing=checkpoint_config.async_save, create=True,
-        cleanup_tmp_directories=True)  # Leftovers of an interrupted save go at start.
     self.manager = ocp.CheckpointManager(self.directory, options=options,
                                          item_names=_TRAIN_ITEMS)
 
@@ -143,18 +185,27 @@ class Checkpointer:
 
   def _record_when_committed(self, step: int) -> None:
     """Writes the verification record of `step` once orbax has committed it (renamed its
-    temporary directory), in a thread so training goes on meanwhile; process 0 only."""
+    temporary directory), in a thread so training goes on meanwhile; process 0 only. The thread
+    ends once orbax has finished the save, committed or not (`wait_until_finished` then says)."""
     if jax.process_index() != 0:
       return
     step_dir = storage.join(self.directory, str(step))
     poll = 0.5 if storage.is_remote(step_dir) else 0.05  # Seconds between looks.
+    self._committed.clear()
+    self._record_error = None
 
     def record():
-      while not is_committed(step_dir):
-        if self._save_failed.is_set():
-          return  # Nothing was committed: no record to write.
-        time.sleep(poll)
-      checkpoint_integrity.write_manifest(step_dir)
+      try:
+        while not is_committed(step_dir):
+          if self._committed.is_set():  # orbax is done and the step is not there.
+            if not is_committed(step_dir):
+              raise OSError(f"checkpoint {step} is missing after orbax finished writing it "
+                            "(removed by another process?)")
+            break
+          time.sleep(poll)
+        checkpoint_integrity.write_manifest(step_dir)
+      except Exception as e:  # pylint: disable=broad-except  (reported by wait_until_finished)
+        self._record_error = e
 
     self._recorder = threading.Thread(target=record, daemon=True, name=f"record-{step}")
     self._recorder.start()
@@ -167,50 +218,59 @@ class Checkpointer:
     if vocab is not None:
       items["vocab"] = VocabSave(vocab)
     self.wait_until_finished()  # The previous save, with its record.
-    with self._reporting(step):
-      self.manager.save(step, args=ocp.args.Composite(**items), force=True)
+    workdir_lock.check_held(self.workdir)  # Never write over another run's checkpoints.
+    with _reporting(self.directory, f"checkpoint {step}"):
+      _wait(self.stop, lambda: self.manager.save(step, args=ocp.args.Composite(**items),
+                                                 force=True), f"checkpoint {step}")
     self._pending = step
     self._record_when_committed(step)
 
-  @contextlib.contextmanager
-  def _reporting(self, step: int | None):
-    """Turns a failed write into one `CheckpointSaveError` naming the directory and cause."""
-    try:
-      yield
-    except Exception as e:  # pylint: disable=broad-except
-      cause = str(_os_cause(e))
-      # tensorstore words an OSError in its own status text: name the OS cause where it can.
-      found = re.search(r"No space left on device|Permission denied|Read-only file system|"
-                        r"Disk quota exceeded", cause)
-      what = f"checkpoint {step}" if step is not None else "a checkpoint"
-      logging.info("Writing %s in %s failed: %s", what, self.directory, cause)
-      raise CheckpointSaveError(
-          f"Could not write {what} in {self.directory}: "
-          f"{found.group(0) if found else ' '.join(cause.split())}. Nothing of it was kept; a "
-          "restart resumes from the last complete checkpoint once the cause is fixed "
-          "(free space, permissions).") from e
-
   def wait_until_finished(self) -> None:
+    """Until the pending save is committed and has its verification record (or raises)."""
+    what = f"checkpoint {self._pending}" if self._pending is not None else "a checkpoint"
     try:
-      with self._reporting(self._pending):
-        self.manager.wait_until_finished()
-    except CheckpointSaveError:
-      self._save_failed.set()
-      raise
+      with _reporting(self.directory, what):
+        _wait(self.stop, self.manager.wait_until_finished, what)
+        self._committed.set()
+        if self._recorder is not None:
+          _wait(self.stop, self._recorder.join, f"the verification record of {what}")
+          if self._record_error is not None:
+            raise self._record_error
     finally:
-      if self._recorder is not None:
-        self._recorder.join()
-        self._recorder = None
-      self._save_failed.clear()
+      self._committed.set()  # The recorder stops looking whatever happened.
+      self._recorder = None
+      self._pending = None
 
   def read_meta(self, step: int) -> dict[str, Any]:
     return read_meta(storage.join(self.directory, str(step)))
 
-  def restore(self, step: int, abstract_state) -> tuple[Any, bytes]:
-    """-> (state with the shardings of `abstract_state`, this process's iterator state)."""
-    restored = self.manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state)))
-    return restored["state"], self._read_data_state(step)
+  def restore(self, abstract_state) -> tuple[int, Any, bytes] | None:
+    """-> (step, state with the shardings of `abstract_state`, this process's iterator state) of
+    the newest checkpoint that restores, or None when there is none. A checkpoint that verified
+    (or had no record) but cannot be read is damaged too: set aside, and the next one tried."""
+    while self._resume_step is not None:
+      step, restored = self._resume_step, None
+      try:
+        restored = self.manager.restore(step, args=ocp.args.Composite(
+            state=ocp.args.StandardRestore(abstract_state)))
+        error = ""
+      except Exception as e:  # pylint: disable=broad-except  (tensorstore, orbax, OS errors)
+        logging.info("Restoring checkpoint %d failed", step, exc_info=True)
+        error = " ".join(str(e).split())[:300] or type(e).__name__
+      if not _any_process(bool(error)):
+        return step, restored["state"], self._read_data_state(step)
+      step_dir = storage.join(self.directory, str(step))
+      reason = f"it cannot be restored ({error or 'on another process'})"
+      if self.on_damaged == "fail":
+        raise ValueError(f"Checkpoint {step_dir} is damaged: {reason}. With "
+                         "config.checkpoint.on_damaged='fallback' the run would resume from the "
+                         "newest intact checkpoint instead")
+      if jax.process_index() == 0:
+        _set_aside(step_dir, reason)
+      multihost_utils.sync_global_devices("bert_jax: damaged checkpoint set aside")
+      self._resume_step = _select_step(self.directory, self.on_damaged)
+      self.manager.reload()  # orbax's own list of steps, without the one set aside.
+    return None
 
   def _read_data_state(self, step: int) -> bytes:
     """This process's iterator state. A checkpoint from another number of processes is
@@ -237,8 +297,18 @@ class Checkpointer:
   def close(self) -> None:
     try:
       self.wait_until_finished()
-    finally:
-      self.manager.close()
+    except BaseException:
+      with contextlib.suppress(Exception):  # The same failure again: the first one is reported.
+        self.manager.close()
+      raise
+    self.manager.close()
+
+
+def _any_process(flag: bool) -> bool:
+  """True when `flag` is set on any process."""
+  if jax.process_count() == 1:
+    return flag
+  return bool(np.max(multihost_utils.process_allgather(np.int32(flag))))
 
 
 def _select_step(directory: str, on_damaged: str) -> int | None:
@@ -262,6 +332,8 @@ def _verified_step(directory: str, on_damaged: str) -> int:
   A save the run never finished (in a bucket: a step directory without orbax's commit marker;
   locally a temporary directory) is not a checkpoint: orbax removes it at start."""
   steps = [int(n) for n in storage.listdir(directory) if n.isdigit()]
+  for step in steps:
+    _check_inside(directory, storage.join(directory, str(step)))
   steps = sorted(s for s in steps if is_committed(storage.join(directory, str(s))))
   for step in reversed(steps):
     step_dir = storage.join(directory, str(step))
@@ -272,24 +344,45 @@ def _verified_step(directory: str, on_damaged: str) -> int:
       raise ValueError(f"Checkpoint {step_dir} is damaged: {reason}. With "
                        "config.checkpoint.on_damaged='fallback' the run would resume from the "
                        "newest intact checkpoint instead")
-    aside = f"{step_dir}.damaged"
-    copies = 1
-    while storage.exists(aside):  # The same step damaged again after a rerun.
-      copies += 1
-      aside = f"{step_dir}.damaged.{copies}"
-    logging.warning("Checkpoint %s is damaged: %s. Set aside as %s; resuming from an older "
-                    "checkpoint", step_dir, reason, storage.basename(aside))
-    storage.rename(step_dir, aside)
+    _set_aside(step_dir, reason)
   return -2 if steps else -1
+
+
+def _check_inside(directory: str, step_dir: str) -> None:
+  """A step directory must be a real directory of the workdir: a link to elsewhere would be
+  resumed from, and orbax's later saves and rotation would write or delete outside the run."""
+  if storage.is_remote(step_dir):
+    return  # Buckets have no links.
+  real_directory = os.path.realpath(directory)
+  real = os.path.realpath(step_dir)
+  if os.path.islink(step_dir) or os.path.dirname(real) != real_directory:
+    raise ValueError(f"{step_dir} is a link to {real}: checkpoints must be directories inside "
+                     f"{directory}. Move that checkpoint into the workdir (or remove the link) "
+                     "and start again")
+
+
+def _set_aside(step_dir: str, reason: str) -> None:
+  """Renames a damaged checkpoint `<step>.damaged` (never deleted), with a warning."""
+  aside = f"{step_dir}.damaged"
+  copies = 1
+  while storage.exists(aside):  # The same step damaged again after a rerun.
+    copies += 1
+    aside = f"{step_dir}.damaged.{copies}"
+  logging.warning("Checkpoint %s is damaged: %s. Set aside as %s; resuming from an older "
+                  "checkpoint", step_dir, reason, storage.basename(aside))
+  storage.rename(step_dir, aside)
 
 
 class BestExport:
   """The best params of a run so far (by the task's main metric) in `<workdir>/best/<step>/`."""
 
-  def __init__(self, workdir: str):
-    self.directory = storage.join(storage.absolute(workdir), BEST_DIR)
+  def __init__(self, workdir: str, stop: StopSignals | None = None):
+    self.workdir = storage.absolute(workdir)
+    self.directory = storage.join(self.workdir, BEST_DIR)
+    self.stop = stop
+    self._pending: int | None = None
     self.manager = ocp.CheckpointManager(
-        self.directory, options=ocp.CheckpointManagerOptions(max_to_keep=1, create=True),
+        self.directory, options=_manager_options(max_to_keep=1, async_save=True),
         item_names=_EXPORT_ITEMS)
 
   def latest_step(self) -> int | None:
@@ -299,14 +392,30 @@ class BestExport:
     if jax.process_count() == 1:
       # Host copies: orbax would otherwise compile a slice per replicated shard (seconds on CPU).
       params = jax.device_get(params)
-    self.manager.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params), meta=ocp.args.JsonSave(to_json(meta)),
-        vocab=VocabSave(vocab)), force=True)
+    self.wait_until_finished()
+    workdir_lock.check_held(self.workdir)
+    args = ocp.args.Composite(params=ocp.args.StandardSave(params),
+                              meta=ocp.args.JsonSave(to_json(meta)), vocab=VocabSave(vocab))
+    with _reporting(self.directory, f"the best params (step {step})"):
+      _wait(self.stop, lambda: self.manager.save(step, args=args, force=True),
+            f"the best params (step {step})")
+    self._pending = step
 
   def wait_until_finished(self) -> None:
-    self.manager.wait_until_finished()
+    what = f"the best params (step {self._pending})"
+    try:
+      with _reporting(self.directory, what):
+        _wait(self.stop, self.manager.wait_until_finished, what)
+    finally:
+      self._pending = None
 
   def close(self) -> None:
+    try:
+      self.wait_until_finished()
+    except BaseException:
+      with contextlib.suppress(Exception):  # The same failure again: the first one is reported.
+        self.manager.close()
+      raise
     self.manager.close()
 
 
@@ -405,6 +514,34 @@ def check_compatible(saved_model_config: dict[str, Any], model_config: dict[str,
     raise ValueError(f"The checkpoint in {where} is of a different model ("
                      + "; ".join(diffs) + "). Use another --workdir, or set config.model "
                      "to match the checkpoint.")
+
+
+def vocab_fingerprint(vocab: Vocab | None) -> str | None:
+  """SHA-256 of a vocabulary's pieces in id order (and its kind and casing): two vocabularies of
+  one size but other ids differ here. None for no vocabulary (synthetic data)."""
+  if vocab is None:
+    return None
+  digest = hashlib.sha256(f"{vocab.kind}\n{vocab.lowercase}\n".encode())
+  for i in range(vocab.size):
+    digest.update(vocab.id_to_piece(i).encode("utf-8") + b"\n")
+  return digest.hexdigest()
+
+
+def check_same_vocab(saved: str | None, current: str | None, where: str,
+                     allowed: bool) -> None:
+  """Refuses weights trained with another vocabulary (same size, other ids): every embedding row
+  would mean another token. `allowed` (config.checkpoint.allow_vocab_change) lets it through
+  with a warning, for deliberate vocabulary surgery."""
+  if saved is None or current is None or saved == current:
+    return
+  what = (f"{where} was trained with another vocabulary (fingerprint {saved[:12]}, this run's "
+          f"{current[:12]})")
+  if allowed:
+    logging.warning("%s; continuing, as config.checkpoint.allow_vocab_change is set", what)
+    return
+  raise ValueError(f"{what}: its embedding rows would mean other tokens. Use the same "
+                   "vocabulary, or set --config.checkpoint.allow_vocab_change=true for "
+                   "deliberate vocabulary surgery")
 
 
 def to_json(value) -> Any:

@@ -11,15 +11,18 @@
 """
 
 import atexit
+import gc
 import logging as std_logging
 import os
+import signal
 import sys
+import threading
 from typing import Callable
 
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax import distributed, storage
+from bert_jax import distributed, stop_signals, storage
 
 # Failures a user can fix, reported in one line; anything else keeps its traceback (a bug).
 # OSError covers missing files, permissions, a full disk and `CheckpointSaveError`.
@@ -150,27 +153,77 @@ def _parse_flags(argv: list[str]) -> list[str]:
     sys.exit(2)
 
 
+def _report(message: str) -> None:
+  """The one `error:` line; the console then falls silent: what the interpreter's teardown
+  logs (threads and tasks of the failed operation) is a consequence of the error just reported
+  and goes to the log file only."""
+  print(f"error: {message}", file=sys.stderr, flush=True)
+  logging.get_absl_handler().setLevel(std_logging.CRITICAL + 1)
+  std_logging.captureWarnings(True)  # e.g. "coroutine ... was never awaited" at exit.
+
+
+def _exit_at_once(status: int) -> None:
+  """Ends the process without joining its threads: a signal stopped a write that is stuck in
+  storage, and the interpreter's exit would wait for it. The log file gets 2 s."""
+  closer = threading.Thread(target=close_log_file, daemon=True)
+  closer.start()
+  closer.join(2.0)
+  sys.stdout.flush()
+  sys.stderr.flush()
+  os._exit(status)  # pylint: disable=protected-access
+
+
+def _on_sigint(signum, frame) -> None:
+  """Ctrl-C as KeyboardInterrupt, except inside a garbage-collection callback or a __del__
+  (e.g. jax's buffer collection), where Python prints such an exception and drops it: then the
+  signal is sent again a moment later, when the run is back in its own code."""
+  del signum
+  dropping = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+  while frame is not None:
+    if frame.f_code in dropping or frame.f_code.co_name == "__del__":
+      threading.Timer(0.05, os.kill, (os.getpid(), signal.SIGINT)).start()
+      return
+    frame = frame.f_back
+  raise KeyboardInterrupt
+
+
 def run(main: Callable[[], None], *, multi_host: bool = False) -> None:
   """`app.run` for a launcher's `main()`: flags (a bad one: one line), quiet console, the
-  multi-host runtime when `multi_host`, and expected errors as one line with exit status 1."""
+  multi-host runtime when `multi_host`, expected errors as one line with exit status 1, and
+  SIGINT / a signal that stopped a wait as one line with exit status 128 + the signal."""
   def absl_main(argv: list[str]) -> None:
     if len(argv) > 1:
-      raise app.UsageError(f"Unexpected arguments: {argv[1:]}")
+      _report(f"unexpected arguments: {argv[1:]} (flags are written --name=value)")
+      sys.exit(2)
     _quiet_console()
+    signal.signal(signal.SIGINT, _on_sigint)
     if multi_host:
       distributed.initialize_from_flags()
     try:
       main()
       close_log_file()
+    except app.UsageError as e:  # A wrong combination of flags: one line, not absl's usage page.
+      if flags.FLAGS.debug:
+        raise
+      _report(_one_line(e))
+      close_log_file()
+      sys.exit(2)
     except EXPECTED_ERRORS as e:
       if flags.FLAGS.debug:
         raise
       logging.info("Stopped by an error:", exc_info=True)  # The log file keeps the traceback.
-      print(f"error: {_one_line(e)}", file=sys.stderr, flush=True)
-      # What the interpreter's teardown logs now (threads and tasks of the failed operation) is
-      # a consequence of the error just reported: it goes to the log file only.
-      logging.get_absl_handler().setLevel(std_logging.CRITICAL + 1)
-      std_logging.captureWarnings(True)  # e.g. "coroutine ... was never awaited" at exit.
+      _report(_one_line(e))
       close_log_file()
       sys.exit(1)
+    except (KeyboardInterrupt, stop_signals.Interrupted) as e:
+      if flags.FLAGS.debug:
+        raise
+      logging.info("Stopped by a signal:", exc_info=True)
+      if isinstance(e, KeyboardInterrupt):  # The cleanup it ran on its way up is done.
+        _report("interrupted (SIGINT); what was being written is not kept (a restart resumes "
+                "from the last complete checkpoint)")
+        close_log_file()
+        sys.exit(128 + signal.SIGINT)
+      _report(_one_line(e))
+      _exit_at_once(e.exit_status)
   app.run(absl_main, flags_parser=_parse_flags)

@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from bert_jax import finetune_data, storage, tasks, trainer
+from bert_jax import config_checks, finetune_data, sharding, storage, tasks, trainer
 from bert_jax.data.vocab import Vocab
 from bert_jax.metrics_writer import console
 from bert_jax.model import BertConfig, num_params
@@ -33,10 +33,18 @@ class Encoder:
   source: str
 
 
+def check(config) -> None:
+  """Every value of `config` and the batch sizes against the mesh (one clear error naming the
+  field), before the workdir is touched or anything is compiled."""
+  config_checks.check_finetuning(config)
+  trainer.check_batch_sizes(config, sharding.make_mesh(config.mesh))
+
+
 def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   """Fine-tunes `config.task` in `workdir` (resuming from its latest checkpoint); returns what
   final_eval.json holds ({"final", "best", counts, ...}) plus "state", the final TrainState."""
-  task_class = _validate(config)
+  check(config)
+  task_class = tasks.finetune_task(config.task)
   encoder = load_encoder(config)
   train_records, validation_records = _records(config, "train"), _records(config, "validation")
   labels = task_class.labels_from(train_records, config.data.labels, config.data.regression)
@@ -89,17 +97,6 @@ def load_encoder(config) -> Encoder:
     raise ValueError(f"config.model.vocab_size={values['vocab_size']} is smaller than the "
                      f"vocabulary ({vocab.size} tokens)")
   return Encoder(BertConfig.from_config(values), None, vocab, "scratch")
-
-
-def _validate(config) -> type[tasks.FinetuneTask]:
-  task_class = tasks.finetune_task(config.task)
-  if config.data.regression and task_class is not tasks.ClassificationTask:
-    raise ValueError("config.data.regression applies to the classification task only")
-  if config.data.doc_stride <= 0:
-    raise ValueError("config.data.doc_stride must be positive")
-  if not (config.data.train_file or config.data.tfds_name):
-    raise ValueError("No training data: set --config.data.train_file (or data.tfds_name)")
-  return task_class
 
 
 def _records(config, which: str) -> list[finetune_data.Record]:

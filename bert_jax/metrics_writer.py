@@ -32,7 +32,8 @@ class MetricWriter:
     self._jsonl = storage.Appender(storage.join(workdir, "metrics.jsonl"), flush_seconds=30.0)
     if tensorboard:
       from tensorboardX import SummaryWriter  # Light: no TensorFlow needed; writes gs:// too.
-      self._tensorboard = SummaryWriter(storage.join(workdir, "tensorboard"))
+      # Its own thread writes the events, at least every 30 s: a step never waits for storage.
+      self._tensorboard = SummaryWriter(storage.join(workdir, "tensorboard"), flush_secs=30)
 
   def write(self, step: int, split: str, metrics: dict[str, float]) -> None:
     if not self.enabled:
@@ -43,14 +44,17 @@ class MetricWriter:
       for name, value in metrics.items():
         if isinstance(value, (int, float)):
           self._tensorboard.add_scalar(f"{split}/{name}", value, step)
-      self._tensorboard.flush()
 
   def log(self, message: str) -> None:
     console(message)
 
   def flush(self) -> None:
+    """Everything written so far is in storage (before a checkpoint: a resume after it then
+    finds every step it starts after)."""
     if self._jsonl is not None:
       self._jsonl.flush()
+    if self._tensorboard is not None:
+      self._tensorboard.flush()
 
   def close(self) -> None:
     if self._jsonl is not None:

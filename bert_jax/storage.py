@@ -14,9 +14,9 @@ rewrite it. A prepared dataset is read by ArrayRecord, which opens local files o
 import os
 import posixpath
 import shutil
-import tempfile
 import threading
 import time
+import uuid
 import zlib
 from typing import IO, Iterator
 
@@ -161,13 +161,41 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
     return
   directory = os.path.dirname(os.path.abspath(path))
   os.makedirs(directory, exist_ok=True)
-  with tempfile.NamedTemporaryFile(dir=directory, delete=False, prefix=".tmp-") as f:
-    f.write(data)
-  os.replace(f.name, path)
+  # Created with mode 0666 so that the kernel applies the umask, as for a plain open() (mkstemp
+  # makes 0600 files whatever the umask: a group sharing the workdir could not read them).
+  tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
+  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+  try:  # Whatever stops it (an error, Ctrl-C's KeyboardInterrupt), no .tmp-* file stays.
+    with os.fdopen(fd, "wb") as f:
+      f.write(data)
+    os.replace(tmp, path)
+  except BaseException:
+    try:
+      os.remove(tmp)
+    except OSError:
+      pass
+    raise
 
 
 def write_text(path: str | os.PathLike, text: str) -> None:
   write_bytes(path, text.encode("utf-8"))
+
+
+def create_exclusive(path: str | os.PathLike, text: str) -> bool:
+  """Creates the file with `text` only if there is none (O_EXCL locally, `ifGenerationMatch=0`
+  in a bucket): True when this call created it, False when it existed (a lock is taken)."""
+  path = os.fspath(path)
+  try:
+    if is_remote(path):
+      with _fs(path).open(path, "xb") as f:
+        f.write(text.encode("utf-8"))
+    else:
+      os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+      with open(path, "x", encoding="utf-8") as f:
+        f.write(text)
+  except FileExistsError:
+    return False
+  return True
 
 
 def rename(source: str | os.PathLike, target: str | os.PathLike) -> None:
@@ -218,8 +246,8 @@ def require_local(path: str | os.PathLike, what: str) -> str:
 class Appender:
   """A text file that grows line by line (metrics.jsonl, train.log). Local: appended and
   flushed. Remote: objects cannot be appended, so the content (what was there at open, and
-  what was added) is uploaded again when `flush_seconds` have passed since the last upload, and
-  at `close`."""
+  what was added) is uploaded again when `flush_seconds` have passed since the last upload (in
+  a background thread: a write never waits for the bucket), at `flush` and at `close`."""
 
   def __init__(self, path: str | os.PathLike, flush_seconds: float = 30.0):
     self.path = os.fspath(path)
@@ -229,6 +257,7 @@ class Appender:
     if self._remote:
       self._content = read_text(self.path) if exists(self.path) else ""
       self._dirty, self._uploaded = False, time.time()
+      self._uploader: threading.Thread | None = None  # The periodic upload in flight.
     else:
       os.makedirs(os.path.dirname(os.path.abspath(self.path)), exist_ok=True)
       self._file = open(self.path, "a", encoding="utf-8")
@@ -241,22 +270,42 @@ class Appender:
         return
       self._content += text
       self._dirty = True
-      if time.time() - self._uploaded >= self._flush_seconds:
-        self._upload()
+      due = time.time() - self._uploaded >= self._flush_seconds
+      if due and (self._uploader is None or not self._uploader.is_alive()):
+        self._uploaded = time.time()  # The next periodic upload counts from this one.
+        self._uploader = threading.Thread(target=self._upload_quietly, daemon=True,
+                                          name=f"upload {basename(self.path)}")
+        self._uploader.start()
 
   def _upload(self) -> None:
-    write_text(self.path, self._content)
-    self._dirty, self._uploaded = False, time.time()
+    with self._lock:
+      content, self._dirty = self._content, False
+    try:
+      write_text(self.path, content)
+    except BaseException:
+      with self._lock:
+        self._dirty = True  # Uploaded again next time.
+      raise
+    self._uploaded = time.time()
+
+  def _upload_quietly(self) -> None:
+    try:
+      self._upload()
+    except Exception:  # pylint: disable=broad-except  (retried at the next upload; flush raises)
+      pass
 
   def flush(self) -> None:
-    with self._lock:
-      if self._remote and self._dirty:
-        self._upload()
+    """Uploads what was written so far (remote), waiting for it."""
+    if not self._remote:
+      return
+    if self._uploader is not None:
+      self._uploader.join()
+    if self._dirty:
+      self._upload()
 
   def close(self) -> None:
-    with self._lock:
-      if self._remote:
-        if self._dirty:
-          self._upload()
-      else:
+    if self._remote:
+      self.flush()
+    else:
+      with self._lock:
         self._file.close()

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 from jax.experimental import multihost_utils
 
-from bert_jax import checkpointing, storage, trainer
+from bert_jax import checkpointing, config_checks, sharding, storage, trainer
 from bert_jax.data import pipeline
 from bert_jax.data.vocab import Vocab
 from bert_jax.masking import MaskingConfig
@@ -22,51 +22,45 @@ from bert_jax.tasks import PretrainingTask
 SYNTHETIC_SPECIALS = dict(pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4)
 
 
+def check(config) -> None:
+  """Every value of `config`, the model and batch sizes against the mesh, and a prepared dataset
+  (readable shards, a non-empty validation split, the model's vocabulary and length): one clear
+  error before the workdir is touched or anything is compiled. The built-in corpus is checked
+  once prepared (into the workdir)."""
+  config_checks.check_pretraining(config)
+  trainer.check_mesh(config, BertConfig.from_config(config.model),
+                     sharding.make_mesh(config.mesh))
+  for size in (config.train.batch_size, config.train.eval_batch_size):
+    pipeline.per_host_batch_size(size, jax.process_count())
+  if config.data.source == "prepared":
+    pipeline.resolve_dataset(config, workdir="")  # A prepared dataset is read, never written.
+
+
 def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   """Pretrains `config` in `workdir`, resuming from its latest checkpoint. Returns the final
   metrics (and state)."""
-  _validate(config)
+  check(config)
   model_config = BertConfig.from_config(config.model)
   dataset_dir, meta = _resolve_data(config, workdir)
   task = pretraining_task(config, model_config, meta if dataset_dir else None)
+  vocab = Vocab.load(os.path.join(dataset_dir, meta["vocab_dir"])) if dataset_dir else None
   run = trainer.Run(
       task=task, train_iter=_train_iterator(config, dataset_dir, model_config.vocab_size),
       eval_batches=_eval_batches(config, dataset_dir) if dataset_dir else None, eval_data=None,
       meta={"config": config.to_dict(), "model_config": dataclasses.asdict(model_config),
             "data": {"source": config.data.source, "dataset_dir": dataset_dir}},
-      vocab=Vocab.load(os.path.join(dataset_dir, meta["vocab_dir"])) if dataset_dir else None,
-      initial_params=_initial_params(config, model_config) if config.checkpoint.init_from else None,
+      vocab=vocab,
+      initial_params=(_initial_params(config, model_config, vocab)
+                      if config.checkpoint.init_from else None),
       initial_source=config.checkpoint.init_from)
   return trainer.train(config, workdir, run)
 
 
 def compile_report(config) -> dict[str, Any]:
   """Per-device memory and FLOPs of the compiled train step, from abstract shapes only."""
-  _validate(config)
+  config_checks.check_pretraining(config)
   model_config = BertConfig.from_config(config.model)
   return trainer.compile_report(config, pretraining_task(config, model_config, None))
-
-
-OBJECTIVES = ("mlm_nsp", "mlm")
-
-
-def _validate(config) -> None:
-  data, masking = config.data, config.masking
-  if data.max_seq_length > config.model.max_position_embeddings:
-    raise ValueError(f"config.data.max_seq_length={data.max_seq_length} exceeds "
-                     f"config.model.max_position_embeddings={config.model.max_position_embeddings}")
-  if data.objective not in OBJECTIVES:
-    raise ValueError(f"config.data.objective={data.objective!r}: use one of {OBJECTIVES}")
-  if data.max_examples_per_row < 1:
-    raise ValueError(f"config.data.max_examples_per_row={data.max_examples_per_row} must be >= 1 "
-                     "(1: one example per row, unpacked)")
-  # Targets are 15% of a row's eligible tokens: the P slots must hold those of a full row.
-  needed = round(masking.mask_prob * data.max_seq_length)
-  if masking.max_predictions_per_seq < needed:
-    raise ValueError(
-        f"config.masking.max_predictions_per_seq={masking.max_predictions_per_seq} cannot hold "
-        f"the {needed} targets of a full row (mask_prob {masking.mask_prob} x max_seq_length "
-        f"{data.max_seq_length}); set it to at least {needed}")
 
 
 def examples_per_row(config) -> int:
@@ -129,14 +123,18 @@ def _eval_batches(config, dataset_dir: str):
       max_batches=config.train.eval_max_batches)
 
 
-def _initial_params(config, model_config: BertConfig):
+def _initial_params(config, model_config: BertConfig, vocab: Vocab | None):
   """-> a loader of the weights to continue pretraining from (read only for a fresh start),
-  checked against the model (shape and vocabulary)."""
+  checked against the model (shape) and the data's vocabulary (the same pieces in the same
+  order, unless config.checkpoint.allow_vocab_change)."""
   def load() -> dict:
     from bert_jax import weights  # Imports HF/TF readers only when needed.
     source = config.checkpoint.init_from
-    loaded_config, params, _ = weights.load_pretrained(source)
+    loaded_config, params, loaded_vocab = weights.load_pretrained(source)
     checkpointing.check_compatible(dataclasses.asdict(loaded_config),
                                    dataclasses.asdict(model_config), source)
+    checkpointing.check_same_vocab(
+        checkpointing.vocab_fingerprint(loaded_vocab), checkpointing.vocab_fingerprint(vocab),
+        source, config.checkpoint.allow_vocab_change)
     return params
   return load

@@ -18,7 +18,6 @@ import contextlib
 import dataclasses
 import functools
 import json
-import signal
 import time
 from typing import Any, Callable, Iterable, Iterator
 
@@ -33,6 +32,7 @@ from bert_jax import checkpointing, flops, optimizer as optimizer_lib, sharding,
 from bert_jax.data.vocab import Vocab
 from bert_jax.metrics_writer import MetricWriter
 from bert_jax.model import padded_size
+from bert_jax.stop_signals import Interrupted, StopSignals
 from bert_jax.tasks.base import Task
 
 # The config.train fields the compiled step depends on (with the task, mesh and rules).
@@ -96,23 +96,20 @@ def make_program(config, task: Task, mesh) -> Program:
   return program(task, items, mesh, sharding.logical_rules(config.mesh))
 
 
-def check_mesh(config, task: Task, mesh) -> None:
+def check_mesh(config, model_config, mesh) -> None:
   """The model's sharded dimensions and the batch sizes against the mesh, before compiling."""
-  sharding.check_divisibility(task.model_config, dict(mesh.shape),
-                              sharding.logical_rules(config.mesh))
+  sharding.check_divisibility(model_config, dict(mesh.shape), sharding.logical_rules(config.mesh))
   check_batch_sizes(config, mesh)
 
 
 def check_batch_sizes(config, mesh) -> None:
-  """Batch sizes against grad accumulation and the mesh, before any device work."""
+  """Batch sizes against the mesh, before any device work (the values themselves, and the
+  batch against grad accumulation, are `config_checks`')."""
   train = config.train
-  if train.batch_size % train.grad_accum_steps:
-    raise ValueError(f"config.train.batch_size={train.batch_size} is not divisible by "
-                     f"config.train.grad_accum_steps={train.grad_accum_steps}")
-  sharding.batch_size_per_shard(train.batch_size // train.grad_accum_steps, mesh)
-  sharding.batch_size_per_shard(train.eval_batch_size, mesh)
-  if train.num_train_steps <= 0:
-    raise ValueError(f"config.train.num_train_steps must be positive, got {train.num_train_steps}")
+  microbatch = ("config.train.batch_size" if train.grad_accum_steps == 1 else
+                "config.train.batch_size / config.train.grad_accum_steps")
+  sharding.batch_size_per_shard(train.batch_size // train.grad_accum_steps, mesh, microbatch)
+  sharding.batch_size_per_shard(train.eval_batch_size, mesh, "config.train.eval_batch_size")
 
 
 # --------------------------------------------------------------------------- compiling
@@ -171,7 +168,7 @@ def compile_report(config, task: Task) -> dict[str, Any]:
   (nothing allocated, no data read) -> per-device memory and FLOPs, to tell before a long run
   whether a config fits a chip."""
   mesh = sharding.make_mesh(config.mesh)
-  check_mesh(config, task, mesh)
+  check_mesh(config, task.model_config, mesh)
   prog = make_program(config, task, mesh)
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
     start = time.time()
@@ -209,11 +206,15 @@ def initial_state(config, run: Run, prog: Program, checkpointer: checkpointing.C
                   ) -> tuple[steps.TrainState, bytes | None, dict]:
   """(state, data-iterator state or None, best eval so far): restored from the latest
   checkpoint, else born sharded, with the `initial` (pretrained) params put in place if given."""
-  latest = checkpointer.latest_step()
-  if latest is not None:
+  if checkpointer.latest_step() is not None:
     target = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
                           prog.abstract_state, prog.state_shardings)
-    state, data_state = checkpointer.restore(latest, target)
+    restored = checkpointer.restore(target)
+    if restored is None:
+      raise ValueError(f"No checkpoint in {checkpointer.directory} could be restored (each was "
+                       "set aside as <step>.damaged); start a new --workdir, or initialise from "
+                       "weights you trust with --config.checkpoint.init_from")
+    latest, state, data_state = restored
     writer.log(f"Resumed from {checkpointer.directory}/{latest}")
     return state, data_state, checkpointer.read_meta(latest).get("best", {})
   state = prog.init(jax.random.key(config.seed))
@@ -226,8 +227,10 @@ def initial_state(config, run: Run, prog: Program, checkpointer: checkpointing.C
   return state.replace(params=jax.device_put(params, prog.state_shardings.params)), None, {}
 
 
-def check_resumable(checkpointer: checkpointing.Checkpointer, run: Run) -> None:
-  """Refuses a workdir whose checkpoint is of another task or model shape, before device work."""
+def check_resumable(checkpointer: checkpointing.Checkpointer, run: Run,
+                    allow_vocab_change: bool) -> None:
+  """Refuses a workdir whose checkpoint is of another task, model shape, vocabulary or label
+  list, before device work."""
   latest = checkpointer.latest_step()
   if latest is None:
     return
@@ -238,6 +241,16 @@ def check_resumable(checkpointer: checkpointing.Checkpointer, run: Run) -> None:
                      f"this run is {run.task.name!r}; use another --workdir")
   checkpointing.check_compatible(saved["model_config"], run.meta["model_config"],
                                  checkpointer.directory)
+  checkpointing.check_same_vocab(
+      saved.get("vocab_fingerprint"), checkpointing.vocab_fingerprint(run.vocab),
+      f"{checkpointer.directory}/{latest}", allow_vocab_change)
+  saved_labels = saved["task"].get("labels")
+  labels = run.task.meta().get("labels")
+  if saved_labels is not None and list(saved_labels) != list(labels or ()):
+    raise ValueError(f"{checkpointer.directory}/{latest} was trained with the labels "
+                     f"{list(saved_labels)}, this run has {list(labels or ())}: the classifier's "
+                     "rows would mean other labels. Give --config.data.labels in the saved order, "
+                     "or use another --workdir")
   # Checkpoints from before vocabulary padding record no vocab_pad_multiple: they are unpadded.
   saved_multiple = saved["model_config"].get("vocab_pad_multiple", 1)
   model_config = run.task.model_config
@@ -251,29 +264,22 @@ def check_resumable(checkpointer: checkpointing.Checkpointer, run: Run) -> None:
 
 
 class PreemptionFlag:
-  """SIGTERM sets a flag the loop reads at the next step boundary. On several hosts the hosts
-  agree through JAX's preemption sync point instead, so that all of them stop at one step."""
+  """Whether to stop at this step boundary: SIGTERM on one process (`StopSignals`); with several
+  processes, JAX's preemption sync point (its own SIGTERM handler, installed by
+  jax.distributed, feeds it; a Python handler would replace it), so all hosts stop at one step."""
 
-  def __init__(self):
-    self.requested = False
-    # With several processes, JAX's own SIGTERM handler (installed by jax.distributed) feeds
-    # the sync point; a Python handler would replace it.
-    self._previous = None
+  def __init__(self, grace_seconds: float):
+    self.signals = StopSignals(grace_seconds)
     if jax.process_count() == 1:
-      self._previous = signal.signal(signal.SIGTERM, self._handle)
-
-  def _handle(self, signum, frame):
-    del signum, frame
-    self.requested = True
+      self.signals.install()
 
   def should_stop(self, step: int) -> bool:
     if jax.process_count() > 1:
       return multihost_utils.reached_preemption_sync_point(step) or False
-    return self.requested
+    return self.signals.requested
 
   def restore(self):
-    if self._previous is not None:
-      signal.signal(signal.SIGTERM, self._previous)
+    self.signals.restore()
 
 
 class MetricSums:
@@ -395,9 +401,14 @@ class _Loop:
     self.result["train"] = report
 
   def save(self, step: int, state, data_state: bytes) -> None:
-    meta = {**self.run.meta, "task": self.run.task.meta(), "best": self.best}
-    self.writer.flush()  # A bucket's metrics.jsonl then holds every step a resume starts after.
-    self.checkpointer.save(step, state, data_state, meta, self.run.vocab)
+    meta = {**self.run.meta, "task": self.run.task.meta(), "best": self.best,
+            "vocab_fingerprint": checkpointing.vocab_fingerprint(self.run.vocab)}
+
+    def save():
+      self.writer.flush()  # A bucket's metrics.jsonl then holds every step a resume starts after.
+      self.checkpointer.save(step, state, data_state, meta, self.run.vocab)
+    # Storage may hang (a bucket that stops answering): SIGTERM and SIGINT are honoured.
+    self.checkpointer.stop.wait(save, f"checkpoint {step}")
 
   def evaluate_and_export(self, step: int, params) -> None:
     report = evaluate(params, self.config, self.run, self.prog, self.mesh)
@@ -417,7 +428,8 @@ class _Loop:
       self.export(step, params, report)
 
   def export(self, step: int, params, report: dict[str, float]) -> None:
-    meta = {**self.run.meta, "task": self.run.task.meta(), "step": step, "metrics": report}
+    meta = {**self.run.meta, "task": self.run.task.meta(), "step": step, "metrics": report,
+            "vocab_fingerprint": checkpointing.vocab_fingerprint(self.run.vocab)}
     self.best_export.save(step, params, meta, self.run.vocab)
 
 
@@ -504,18 +516,20 @@ def train(config, workdir: str, run: Run) -> dict[str, Any]:
   """Trains `run.task` in `workdir`, resuming from its latest checkpoint. Returns the final
   train report, evaluation, best evaluation, step and state."""
   mesh = sharding.make_mesh(config.mesh)
-  check_mesh(config, run.task, mesh)
+  check_mesh(config, run.task.model_config, mesh)
   with contextlib.ExitStack() as cleanup:  # Closed in reverse order, whatever happens.
-    preemption = PreemptionFlag()  # From the start: a SIGTERM during setup stops at step 1.
+    # From the start: a SIGTERM during setup stops at step 1.
+    preemption = PreemptionFlag(config.checkpoint.stop_grace_seconds)
     cleanup.callback(preemption.restore)
-    checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint)
-    cleanup.callback(checkpointer.close)  # Waits for a save in flight.
-    check_resumable(checkpointer, run)
-    best_export = checkpointing.BestExport(workdir) if run.best_metric else None
+    stop = preemption.signals
+    checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint, stop)
+    cleanup.push(_closing(checkpointer))  # Waits for a save in flight (not after a signal).
+    check_resumable(checkpointer, run, config.checkpoint.allow_vocab_change)
+    best_export = checkpointing.BestExport(workdir, stop) if run.best_metric else None
     if best_export is not None:
-      cleanup.callback(best_export.close)
+      cleanup.push(_closing(best_export))
     writer = MetricWriter(workdir, config.logging.tensorboard)
-    cleanup.callback(writer.close)
+    cleanup.push(_closing(writer))
     # Read outside the mesh context: readers may trace the model to check their shapes.
     fresh_start = checkpointer.latest_step() is None
     initial = run.initial_params() if fresh_start and run.initial_params else None
@@ -531,6 +545,23 @@ def train(config, workdir: str, run: Run) -> dict[str, Any]:
                         preemption, _peak_flops(run.task))
       _finish(loop, state, config, mesh)
   return {**loop.result, "best": loop.best, "state": state}
+
+
+def _closing(writer: "checkpointing.Checkpointer | checkpointing.BestExport | MetricWriter"):
+  """An exit callback: close `writer` (waiting for its save or upload in flight), except when
+  a signal stopped a wait; then nothing more is waited for (the launcher exits at once)."""
+  def close(error_type, error, traceback) -> bool:
+    del error, traceback
+    if error_type is None:
+      writer.close()
+    elif not issubclass(error_type, Interrupted):
+      try:  # The error under way is the one to report (a failed save fails again here).
+        writer.close()
+      except Exception:  # pylint: disable=broad-except
+        logging.info("While stopping on an error, closing %s failed:", type(writer).__name__,
+                     exc_info=True)
+    return False
+  return close
 
 
 def _finish(loop: _Loop, state, config, mesh) -> None:

@@ -22,7 +22,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.num_hidden_layers = 12  # Number of transformer layers.
   config.model.num_attention_heads = 12  # Heads per attention layer; H must divide by it.
   config.model.intermediate_size = 3072  # Width of the feed-forward (MLP) layer.
-  config.model.hidden_act = "gelu"  # "gelu" (exact erf, as BERT) or "gelu_new" (tanh approx).
+  config.model.hidden_act = "gelu"  # "gelu" (exact erf, as BERT), "gelu_new" (tanh) or "relu".
   config.model.hidden_dropout_prob = 0.1  # Dropout on embeddings and residual branches.
   config.model.attention_probs_dropout_prob = 0.1  # Dropout on attention probabilities.
   config.model.max_position_embeddings = 512  # Rows of the learned position table.
@@ -121,7 +121,7 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ---------------------------------------------------------------- checkpoint
   config.checkpoint = ml_collections.ConfigDict()
-  config.checkpoint.save_every_steps = 10_000  # Checkpoint interval in steps.
+  config.checkpoint.save_every_steps = 10_000  # Steps between checkpoints (0: last step, SIGTERM).
   config.checkpoint.max_to_keep = 3  # Keep the newest N checkpoints.
   config.checkpoint.async_save = True  # Write checkpoints in a background thread.
   # A checkpoint that fails verification at start (damaged on disk): "fallback" sets it aside
@@ -130,6 +130,13 @@ def get_config() -> ml_collections.ConfigDict:
   # Weights to start from when the workdir has no checkpoint yet (continued pretraining): a
   # bert_jax pretrained dir, a training workdir, a HuggingFace dir or a TF checkpoint ("" = none).
   config.checkpoint.init_from = ""
+  # A SIGTERM that comes while a checkpoint is being written gives the write this many seconds to
+  # finish before the run stops without it (a stuck bucket must not block a scheduler's stop).
+  # The save a SIGTERM asks for runs to its end; a second SIGTERM or SIGINT stops at once.
+  config.checkpoint.stop_grace_seconds = 5.0
+  # Resume (or init_from) with weights trained on another vocabulary of the same size: refused,
+  # as every embedding row would mean another token; True allows it (vocabulary surgery).
+  config.checkpoint.allow_vocab_change = False
 
   # ---------------------------------------------------------------- logging
   config.logging = ml_collections.ConfigDict()

@@ -76,12 +76,19 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ---------------------------------------------------------------- checkpoint
   config.checkpoint = ml_collections.ConfigDict()
-  config.checkpoint.save_every_steps = 500  # Training checkpoint interval (resume) in steps.
+  config.checkpoint.save_every_steps = 500  # Training checkpoint interval (0: last step, SIGTERM).
   config.checkpoint.max_to_keep = 2  # Keep the newest N training checkpoints.
   config.checkpoint.async_save = True  # Write checkpoints in a background thread.
   # A checkpoint that fails verification at start (damaged on disk): "fallback" sets it aside
   # (renamed <step>.damaged) with a warning and resumes from the newest intact one; "fail" stops.
   config.checkpoint.on_damaged = "fallback"
+  # A SIGTERM that comes while a checkpoint is being written gives the write this many seconds to
+  # finish before the run stops without it (a stuck bucket must not block a scheduler's stop).
+  # The save a SIGTERM asks for runs to its end; a second SIGTERM or SIGINT stops at once.
+  config.checkpoint.stop_grace_seconds = 5.0
+  # Resume (or init_from) with weights trained on another vocabulary of the same size: refused,
+  # as every embedding row would mean another token; True allows it (vocabulary surgery).
+  config.checkpoint.allow_vocab_change = False
 
   # ---------------------------------------------------------------- logging
   config.logging = ml_collections.ConfigDict()

@@ -22,9 +22,11 @@ cli.define_flags("configs/finetune_qa.py", "Checkpoints, best params, metrics an
 
 def main() -> None:
   import jax  # After distributed init.
-  from bert_jax import finetune
-  cli.log_to_file(cli.workdir(), jax.process_index())
-  finetune.finetune_and_evaluate(flags.FLAGS.config, cli.workdir())
+  from bert_jax import finetune, workdir_lock
+  finetune.check(flags.FLAGS.config)  # Before the workdir is touched: a bad value writes nothing.
+  with workdir_lock.hold(cli.workdir()):  # One run per workdir.
+    cli.log_to_file(cli.workdir(), jax.process_index())
+    finetune.finetune_and_evaluate(flags.FLAGS.config, cli.workdir())
 
 
 if __name__ == "__main__":

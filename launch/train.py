@@ -22,12 +22,14 @@ flags.DEFINE_bool("compile_only", False, "Compile the train step against abstrac
 
 def main() -> None:
   import jax  # After distributed init.
-  from bert_jax import train
+  from bert_jax import train, workdir_lock
   if flags.FLAGS.compile_only:
     print(json.dumps(train.compile_report(flags.FLAGS.config), indent=1))
     return
-  cli.log_to_file(cli.workdir(), jax.process_index())
-  train.train_and_evaluate(flags.FLAGS.config, cli.workdir())
+  train.check(flags.FLAGS.config)  # Before the workdir is touched: a bad value writes nothing.
+  with workdir_lock.hold(cli.workdir()):  # One run per workdir.
+    cli.log_to_file(cli.workdir(), jax.process_index())
+    train.train_and_evaluate(flags.FLAGS.config, cli.workdir())
 
 
 if __name__ == "__main__":

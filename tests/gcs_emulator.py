@@ -13,6 +13,7 @@ full pipe blocks it (every later request hangs). Its log goes to a file instead.
 
 import json
 import os
+import signal
 import socket
 import subprocess
 import tempfile
@@ -53,6 +54,13 @@ class Emulator:
           self.stop()
           raise RuntimeError(f"fake-gcs-server did not start; its log: {self.log}")
         time.sleep(0.1)
+
+  def pause(self) -> None:
+    """Freezes the server (SIGSTOP): every request hangs, as with storage that stops answering."""
+    self._process.send_signal(signal.SIGSTOP)
+
+  def resume(self) -> None:
+    self._process.send_signal(signal.SIGCONT)
 
   def stop(self) -> None:
     self._process.terminate()

@@ -240,5 +240,6 @@ def test_resuming_with_another_vocabulary_padding_is_refused():
   with pytest.raises(ValueError, match=r"workdir/checkpoints/7 was trained with "
                                        r"vocab_pad_multiple=1, this run's config.model."
                                        r"vocab_pad_multiple is 128; set it to 1 to resume"):
-    trainer.check_resumable(_SavedCheckpoint(old), run)
-  trainer.check_resumable(_SavedCheckpoint({**old, "vocab_pad_multiple": 64}), run)  # 256 rows.
+    trainer.check_resumable(_SavedCheckpoint(old), run, allow_vocab_change=False)
+  trainer.check_resumable(_SavedCheckpoint({**old, "vocab_pad_multiple": 64}), run,
+                          allow_vocab_change=False)  # 256 rows.

@@ -9,6 +9,7 @@ import random
 import signal
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -25,16 +26,17 @@ FLAGS = [*TINY, f"--config.train.num_train_steps={STEPS}", "--config.checkpoint.
 
 @pytest.fixture(scope="module")
 def bucket(tmp_path_factory):
-  """(gs:// root, emulator environment, the built-in corpus's local cache directory)."""
+  """(gs:// root, emulator environment, the built-in corpus's local cache directory, the
+  emulator)."""
   server, env = gcs_emulator.start()
-  yield f"gs://{gcs_emulator.BUCKET}", env, str(tmp_path_factory.mktemp("builtin_cache"))
+  yield f"gs://{gcs_emulator.BUCKET}", env, str(tmp_path_factory.mktemp("builtin_cache")), server
   server.stop()
 
 
 def _launch(workdir, bucket, *flags, wait=True, processes=1):
   """launch/train.py on the built-in corpus, prepared once into the module's local cache (the
   first run, the local reference, prepares it; a bucket workdir never holds it)."""
-  _, env, cache = bucket
+  _, env, cache, _ = bucket
   environment = dict(os.environ, **env, JAX_PLATFORMS="cpu",
                      XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // processes}")
   command = [sys.executable, os.path.join(ROOT, "launch/train.py"), f"--workdir={workdir}",
@@ -144,3 +146,39 @@ def test_finetuning_and_prediction_in_buckets(bucket, tmp_path):
   again = finetune.finetune_and_evaluate(config, f"{root}/finetune_again")
   assert again["init_from"] == scratch
   assert storage.exists(f"{root}/finetune_again/metrics.jsonl")
+
+
+def test_sigterm_while_the_bucket_hangs_stops_within_seconds(bucket, reference):
+  """Storage that stops answering mid-save (the emulator frozen): a SIGTERM (a scheduler's
+  graceful stop) still ends the run within seconds, in one line; the next start takes over the
+  lock and trains."""
+  root, _, _, server = bucket
+  workdir = f"{root}/stuck"
+  process = _launch(workdir, bucket, wait=False)
+  output = ""
+  for line in process.stdout:
+    output += line
+    if "step 3/8" in line:
+      server.pause()  # The step-4 save (and the metrics upload before it) now hang.
+    if "step 4/8" in line:
+      break
+  try:
+    time.sleep(1.0)  # Inside the hanging save.
+    process.send_signal(signal.SIGTERM)
+    signalled = time.time()
+    rest, _ = process.communicate(timeout=60)
+    stopped_after = time.time() - signalled
+  finally:
+    server.resume()
+  output += rest
+  assert "step 4/8" in output, output[-3000:]
+  assert process.returncode == 128 + signal.SIGTERM, output[-3000:]
+  assert stopped_after < 10, stopped_after
+  last = [line for line in output.splitlines() if line.strip()][-1]
+  assert last.startswith("error: stopped by SIGTERM while checkpoint 4 had not finished after "
+                         "5 s (config.checkpoint.stop_grace_seconds=5)"), output[-3000:]
+  assert "Traceback" not in output
+  again = _launch(workdir, bucket)
+  assert again.returncode == 0, again.stdout + again.stderr
+  losses = _losses(workdir)
+  assert [losses[s] for s in range(1, STEPS + 1)] == [reference[s] for s in range(1, STEPS + 1)]

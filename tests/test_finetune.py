@@ -836,3 +836,29 @@ def test_finetuning_gradient_accumulation_equals_the_full_batch(tmp_path):
   jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=1e-4, atol=1e-6),
                jax.device_get(accumulated["state"].params),
                jax.device_get(full["state"].params))
+
+
+def test_finetuning_refuses_other_labels_and_stops_on_a_read_only_best_export(tmp_path):
+  config = _keyword_config(tmp_path, steps=4)
+  workdir = str(tmp_path / "run")
+  finetune.finetune_and_evaluate(config, workdir)
+  labels = json.load(open(os.path.join(workdir, "final_eval.json")))["labels"]
+  config.train.num_train_steps = 8
+  config.data.labels = tuple(reversed(labels))  # Same count, other order: other classifier rows.
+  with pytest.raises(ValueError, match=r"was trained with the labels \['neg', 'pos'\], this run "
+                     r"has \['pos', 'neg'\]"):
+    finetune.finetune_and_evaluate(config, workdir)
+
+  from tests.test_train_e2e import _bind_read_only  # pylint: disable=import-outside-toplevel
+  fresh = str(tmp_path / "read_only_best")
+  best = os.path.join(fresh, "best")
+  if not _bind_read_only(best):
+    pytest.fail("this test needs `mount --bind` (root), as the CI machine has")
+  try:
+    second = _keyword_config(tmp_path / "second", steps=4)
+    second.train.eval_every_steps = 2
+    with pytest.raises(OSError, match=f"Could not write the best params \\(step 2\\) in {best}: "
+                       "Read-only file system"):
+      finetune.finetune_and_evaluate(second, fresh)
+  finally:
+    subprocess.run(["umount", "-l", best], check=False)

@@ -1,6 +1,8 @@
 """The real launcher as a subprocess: checkpoints, metrics, resume (bit-exact after SIGKILL and
 SIGTERM), and clear errors on bad input before any device work."""
 
+import concurrent.futures
+import glob
 import json
 import os
 import shutil
@@ -323,3 +325,204 @@ def test_console_is_quiet_profile_and_input_wait(prepared, tmp_path):
   records = [json.loads(l) for l in open(os.path.join(workdir, "metrics.jsonl"))]
   waits = [r["input_wait_fraction"] for r in records if r["split"] == "train"]
   assert len(waits) == 10 and all(0.0 <= w < 1.0 for w in waits)
+
+
+# ------------------------------------------------- nothing hangs, nothing is lost (#20)
+
+
+def _bind_read_only(directory) -> bool:
+  """`directory` made read-only by a read-only bind mount onto itself (root, as in CI): chmod
+  does not stop root."""
+  os.makedirs(directory, exist_ok=True)
+  return (subprocess.run(["mount", "--bind", directory, directory],
+                         capture_output=True).returncode == 0
+          and subprocess.run(["mount", "-o", "remount,ro,bind", directory],
+                             capture_output=True).returncode == 0)
+
+
+def test_read_only_checkpoints_stop_in_one_line_within_seconds(prepared, tmp_path):
+  """A save whose step directory cannot be created used to block for 20 minutes (orbax waited
+  for a signal from the thread that failed), with SIGTERM ignored."""
+  workdir = _fresh_workdir(tmp_path, prepared[0])
+  checkpoints = os.path.join(workdir, "checkpoints")
+  if not _bind_read_only(checkpoints):
+    pytest.fail("this test needs `mount --bind` (root), as the CI machine has")
+  try:
+    process = _launch(workdir, "--config.train.num_train_steps=8", wait=False)
+    output = _read_until(process, "step 4/8")
+    at_save = time.time()
+    rest, _ = process.communicate(timeout=120)
+    after_save = time.time() - at_save
+  finally:
+    subprocess.run(["umount", "-l", checkpoints], check=False)
+  output += rest
+  assert process.returncode == 1, output
+  assert after_save < 30, after_save
+  lines = [l for l in output.splitlines() if l.strip() and not l.startswith(("step ", "eval "))]
+  assert lines[-1].startswith(f"error: Could not write checkpoint 4 in {checkpoints}: Read-only "
+                              "file system"), output[-2000:]
+  assert "Traceback" not in output and "step 5/8" not in output
+  assert not os.listdir(checkpoints)
+
+
+def test_one_run_per_workdir_and_a_killed_runs_lock_is_taken_over(prepared, tmp_path):
+  workdir = _fresh_workdir(tmp_path, prepared[0])
+  first = _launch(workdir, "--config.train.num_train_steps=12", wait=False)
+  output = _read_until(first, "step 2/12")
+  second = _launch(workdir, "--config.train.num_train_steps=12")  # While the first trains.
+  assert second.returncode == 1, second.stdout + second.stderr
+  line = _stderr_lines(second)[-1]
+  assert line.startswith(f"error: {workdir} is in use by another run (host ") and (
+      f"pid {first.pid}, started " in line) and "Traceback" not in second.stderr
+  rest, _ = first.communicate(timeout=240)
+  assert first.returncode == 0, output + rest
+  assert _checkpoint_steps(workdir) == [4, 8, 12]  # All of the first run's checkpoints.
+  assert not os.path.exists(os.path.join(workdir, "bert_jax.lock"))  # Released at the end.
+  steps = [json.loads(l)["step"] for l in open(os.path.join(workdir, "metrics.jsonl"))]
+  assert steps == sorted(steps)  # One run's records, not two interleaved.
+
+  # kill -9 leaves the lock behind; the next start takes it over and resumes.
+  killed = _launch(workdir, "--config.train.num_train_steps=20", wait=False)
+  _read_until(killed, "step 14/20")
+  killed.send_signal(signal.SIGKILL)
+  killed.wait()
+  assert os.path.exists(os.path.join(workdir, "bert_jax.lock"))
+  again = _launch(workdir, "--config.train.num_train_steps=20")
+  assert again.returncode == 0, again.stdout + again.stderr
+  assert f"Taking over the lock of {workdir}: its process {killed.pid} is gone" in again.stderr
+  assert f"Resumed from {workdir}/checkpoints/12" in again.stdout
+
+
+def test_another_vocabulary_of_the_same_size_is_refused(prepared, tmp_path):
+  """A corpus capped at 0.25 MB trains another 1000-piece vocabulary: same shapes, other ids."""
+  workdir = str(tmp_path / "other_vocab")
+  other = ["--config.train.num_train_steps=2", "--config.data.builtin_max_mb=0.25"]
+  started = _launch(workdir, *other, f"--config.checkpoint.init_from={prepared[0]}")
+  assert started.returncode == 1 and "Traceback" not in started.stderr
+  assert _stderr_lines(started)[-1].startswith(
+      f"error: {prepared[0]} was trained with another vocabulary"), started.stderr
+  assert "--config.checkpoint.allow_vocab_change=true" in _stderr_lines(started)[-1]
+  shutil.copytree(os.path.join(prepared[0], "checkpoints"), os.path.join(workdir, "checkpoints"),
+                  dirs_exist_ok=True)
+  resumed = _launch(workdir, *other)
+  assert resumed.returncode == 1 and "Traceback" not in resumed.stderr
+  assert _stderr_lines(resumed)[-1].startswith(
+      f"error: {workdir}/checkpoints/{_checkpoint_steps(workdir)[-1]} was trained with another "
+      "vocabulary"), resumed.stderr
+  allowed = _launch(workdir, "--config.train.num_train_steps=15",
+                    "--config.data.builtin_max_mb=0.25",
+                    "--config.checkpoint.allow_vocab_change=true")  # Deliberate surgery.
+  assert allowed.returncode == 0, allowed.stdout + allowed.stderr
+
+
+def test_checkpoint_links_out_of_the_workdir_are_refused(prepared, tmp_path):
+  workdir = _fresh_workdir(tmp_path, prepared[0])
+  elsewhere = str(tmp_path / "elsewhere")
+  shutil.copytree(os.path.join(prepared[0], "checkpoints", "12"), elsewhere)
+  os.makedirs(os.path.join(workdir, "checkpoints"))
+  os.symlink(elsewhere, os.path.join(workdir, "checkpoints", "12"))
+  result = _launch(workdir, "--config.train.num_train_steps=14")
+  assert result.returncode == 1 and "Traceback" not in result.stderr
+  assert _stderr_lines(result)[-1] == (
+      f"error: {workdir}/checkpoints/12 is a link to {elsewhere}: checkpoints must be directories "
+      f"inside {workdir}/checkpoints. Move that checkpoint into the workdir (or remove the link) "
+      "and start again")
+
+
+def test_unrecorded_damaged_checkpoint_falls_back_without_a_traceback(prepared, tmp_path):
+  """Killed between orbax's commit and the verification record, then damaged: restoring fails,
+  so it is set aside like any damaged checkpoint and the previous one resumed."""
+  reference = _train_losses(prepared[0])
+  workdir = str(tmp_path / "run")
+  shutil.copytree(prepared[0], workdir)
+  *older, newest = _checkpoint_steps(workdir)
+  newest_dir = os.path.join(workdir, "checkpoints", str(newest))
+  os.remove(os.path.join(newest_dir, "bert_jax_manifest.json"))
+  _garble(newest_dir)
+  total = max(reference)
+  result = _launch(workdir, f"--config.train.num_train_steps={total}")
+  assert result.returncode == 0, result.stdout + result.stderr
+  assert f"Checkpoint {newest_dir} is damaged: it cannot be restored" in result.stderr
+  assert f"Resumed from {workdir}/checkpoints/{older[-1]}" in result.stdout
+  assert "Traceback" not in result.stdout + result.stderr
+  resumed = _train_losses(workdir)
+  steps = range(older[-1] + 1, total + 1)
+  assert [resumed[s] for s in steps] == [reference[s] for s in steps]
+
+
+def _launcher(script, *args, timeout=120):
+  return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], cwd=ROOT,
+                        env=_env(), capture_output=True, text=True, timeout=timeout)
+
+
+def test_every_bad_input_is_one_line_before_any_compile(prepared, tmp_path):
+  """Each bad value or file of the operator's list: the documented exit status, one `error:`
+  line last on stderr, no traceback, nothing compiled, and (config values, checked before the
+  workdir is touched) nothing written."""
+  from tests import test_data_guards as guards  # pylint: disable=import-outside-toplevel
+  from bert_jax.data import corpus, vocab as vocab_lib  # pylint: disable=import-outside-toplevel
+  text = guards.write_corpus(str(tmp_path / "corpus.txt"), 20, seed=0)
+  vocab = vocab_lib.train_sentencepiece(
+      corpus.iter_sentences(corpus.iter_bert_format(text)), str(tmp_path / "sp"), 300, "bpe")
+  no_validation = guards._prepare(tmp_path, "no_validation", text, vocab,  # pylint: disable=protected-access
+                                  validation_fraction=0.0)
+  truncated = str(tmp_path / "truncated")
+  shutil.copytree(_prepared_dataset_dir(prepared[0]), truncated)
+  shard = sorted(glob.glob(os.path.join(truncated, "**", "*train.array_record*"),
+                           recursive=True))[0]
+  os.truncate(shard, os.path.getsize(shard) // 2)
+  small_data = ["--config.data.source=prepared", f"--config.data.dataset_dir={no_validation}",
+                f"--config.model.vocab_size={vocab.size}", "--config.data.max_seq_length=32"]
+  workdir = str(tmp_path / "never_written")
+  train = ["train.py", f"--workdir={workdir}", *TINY]
+  cases = [  # (launcher and flags, exit status, text of the error line)
+      (*train, "--config.model.num_hidden_layers=-1", 1, "num_hidden_layers=-1"),
+      (*train, "--config.train.learning_rate=-1", 1, "learning_rate=-1"),
+      (*train, "--config.model.hidden_dropout_prob=1.5", 1, "hidden_dropout_prob=1.5"),
+      (*train, "--config.train.warmup_steps=-5", 1, "warmup_steps=-5"),
+      (*train, "--config.model.num_attention_heads=0", 1, "num_attention_heads=0"),
+      (*train, "--config.train.grad_accum_steps=0", 1, "grad_accum_steps=0"),
+      (*train, "--config.train.log_every_steps=0", 1, "log_every_steps=0"),
+      (*train, "--config.model.dtype=fp32", 1, "dtype='fp32'"),
+      (*train, "--config.model.hidden_size=-32", 1, "hidden_size=-32"),
+      (*train, "--config.model.intermediate_size=0", 1, "intermediate_size=0"),
+      (*train, "--config.checkpoint.max_to_keep=0", 1, "max_to_keep=0"),
+      (*train, "--config.train.eval_batch_size=12", 1, "config.train.eval_batch_size=12 is not "
+       "divisible"),
+      (*train, "--config.train.eval_batch_size=0", 1, "eval_batch_size=0"),
+      (*train, *small_data, 1, "the validation split is empty"),
+      (*train, "--config.data.source=prepared", f"--config.data.dataset_dir={truncated}", 1,
+       f"shard {shard} cannot be read"),
+      ("finetune.py", f"--workdir={workdir}", "--config=configs/finetune_classification.py",
+       "--config.init_from=runs/none", "--config.data.train_file=train.jsonl",
+       "--config.train.eval_batch_size=0", 1, "eval_batch_size=0"),
+      ("predict.py", "--mode=fill_mask", f"--checkpoint={prepared[0]}", "--text=a [MASK] b",
+       "--top_k=-3", 2, "top_k"),
+      ("convert.py", f"--from_bert_jax={prepared[0]}", f"--to_hf={prepared[0]}/export",
+       "--overwrite", 1, "lies inside"),
+  ]
+
+  def run(case):
+    return case, _launcher(*case[:-2])
+
+  with concurrent.futures.ThreadPoolExecutor(2) as pool:
+    for (*args, status, text_), result in pool.map(run, cases):
+      lines = _stderr_lines(result)
+      assert result.returncode == status, (args, result.stderr[-2000:])
+      assert lines[-1].startswith("error: ") and text_ in lines[-1], (args, lines[-3:])
+      assert "Traceback" not in result.stderr + result.stdout, args
+      assert "Compiled the train step" not in result.stdout, args
+  assert not os.path.exists(workdir)
+  assert _checkpoint_steps(prepared[0])  # The converted-onto run is intact.
+
+  # SIGINT (Ctrl-C) in training: one line, exit 130; a restart resumes.
+  run_dir = _fresh_workdir(tmp_path, prepared[0])
+  process = _launch(run_dir, "--config.train.num_train_steps=12", wait=False)
+  output = _read_until(process, "step 6/12")
+  process.send_signal(signal.SIGINT)
+  rest, _ = process.communicate(timeout=60)
+  lines = [l for l in (output + rest).splitlines() if l.strip()]
+  assert process.returncode == 130 and lines[-1].startswith("error: interrupted (SIGINT)"), lines[-5:]
+  assert "Traceback" not in output + rest
+  again = _launch(run_dir, "--config.train.num_train_steps=12")
+  assert again.returncode == 0 and "Resumed from" in again.stdout, again.stderr[-2000:]
