@@ -144,6 +144,18 @@ def _manager_options(max_to_keep: int, async_save: bool) -> ocp.CheckpointManage
       async_options=ocp.AsyncOptions(create_directories_asynchronously=False))
 
 
+def _close(wait_until_finished: Callable[[], None], manager: ocp.CheckpointManager) -> None:
+  """Waits for the save in flight, then closes the manager; when the wait fails, the manager's
+  own close (the same failure again) is quiet, so the first error is the one reported."""
+  try:
+    wait_until_finished()
+  except BaseException:
+    with contextlib.suppress(Exception):
+      manager.close()
+    raise
+  manager.close()
+
+
 def _wait(stop: StopSignals | None, blocking: Callable[[], Any], what: str) -> Any:
   """A checkpoint wait that honours SIGTERM (after its grace) and SIGINT."""
   return stop.wait(blocking, what) if stop is not None else interruptible(blocking, what)
@@ -295,13 +307,7 @@ class Checkpointer:
     return states.pop()
 
   def close(self) -> None:
-    try:
-      self.wait_until_finished()
-    except BaseException:
-      with contextlib.suppress(Exception):  # The same failure again: the first one is reported.
-        self.manager.close()
-      raise
-    self.manager.close()
+    _close(self.wait_until_finished, self.manager)
 
 
 def _any_process(flag: bool) -> bool:
@@ -410,13 +416,7 @@ class BestExport:
       self._pending = None
 
   def close(self) -> None:
-    try:
-      self.wait_until_finished()
-    except BaseException:
-      with contextlib.suppress(Exception):  # The same failure again: the first one is reported.
-        self.manager.close()
-      raise
-    self.manager.close()
+    _close(self.wait_until_finished, self.manager)
 
 
 # ----------------------------------------------------------------------------- readers
