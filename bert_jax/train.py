@@ -27,19 +27,24 @@ def check(config) -> None:
   (readable shards, a non-empty validation split, the model's vocabulary and length): one clear
   error before the workdir is touched or anything is compiled. The built-in corpus is checked
   once prepared (into the workdir)."""
+  _check_config(config)
+  if config.data.source == "prepared":
+    pipeline.resolve_dataset(config, workdir="")  # A prepared dataset is read, never written.
+
+
+def _check_config(config) -> None:
+  """The config's values, and the model and batch sizes against the mesh (no I/O)."""
   config_checks.check_pretraining(config)
   trainer.check_mesh(config, BertConfig.from_config(config.model),
                      sharding.make_mesh(config.mesh))
   for size in (config.train.batch_size, config.train.eval_batch_size):
     pipeline.per_host_batch_size(size, jax.process_count())
-  if config.data.source == "prepared":
-    pipeline.resolve_dataset(config, workdir="")  # A prepared dataset is read, never written.
 
 
 def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   """Pretrains `config` in `workdir`, resuming from its latest checkpoint. Returns the final
   metrics (and state)."""
-  check(config)
+  _check_config(config)  # The dataset is checked where it is resolved (_resolve_data).
   model_config = BertConfig.from_config(config.model)
   dataset_dir, meta = _resolve_data(config, workdir)
   task = pretraining_task(config, model_config, meta if dataset_dir else None)

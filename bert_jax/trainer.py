@@ -242,7 +242,7 @@ def check_resumable(checkpointer: checkpointing.Checkpointer, run: Run,
   checkpointing.check_compatible(saved["model_config"], run.meta["model_config"],
                                  checkpointer.directory)
   checkpointing.check_same_vocab(
-      saved.get("vocab_fingerprint"), checkpointing.vocab_fingerprint(run.vocab),
+      saved.get("vocab_fingerprint"), run.meta.get("vocab_fingerprint"),
       f"{checkpointer.directory}/{latest}", allow_vocab_change)
   saved_labels = saved["task"].get("labels")
   labels = run.task.meta().get("labels")
@@ -401,8 +401,7 @@ class _Loop:
     self.result["train"] = report
 
   def save(self, step: int, state, data_state: bytes) -> None:
-    meta = {**self.run.meta, "task": self.run.task.meta(), "best": self.best,
-            "vocab_fingerprint": checkpointing.vocab_fingerprint(self.run.vocab)}
+    meta = {**self.run.meta, "task": self.run.task.meta(), "best": self.best}
 
     def save():
       self.writer.flush()  # A bucket's metrics.jsonl then holds every step a resume starts after.
@@ -428,8 +427,7 @@ class _Loop:
       self.export(step, params, report)
 
   def export(self, step: int, params, report: dict[str, float]) -> None:
-    meta = {**self.run.meta, "task": self.run.task.meta(), "step": step, "metrics": report,
-            "vocab_fingerprint": checkpointing.vocab_fingerprint(self.run.vocab)}
+    meta = {**self.run.meta, "task": self.run.task.meta(), "step": step, "metrics": report}
     self.best_export.save(step, params, meta, self.run.vocab)
 
 
@@ -517,6 +515,9 @@ def train(config, workdir: str, run: Run) -> dict[str, Any]:
   train report, evaluation, best evaluation, step and state."""
   mesh = sharding.make_mesh(config.mesh)
   check_mesh(config, run.task.model_config, mesh)
+  # Recorded in every checkpoint and export: a resume or init with other pieces is refused.
+  run = dataclasses.replace(run, meta={
+      **run.meta, "vocab_fingerprint": checkpointing.vocab_fingerprint(run.vocab)})
   with contextlib.ExitStack() as cleanup:  # Closed in reverse order, whatever happens.
     # From the start: a SIGTERM during setup stops at step 1.
     preemption = PreemptionFlag(config.checkpoint.stop_grace_seconds)

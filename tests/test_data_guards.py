@@ -266,7 +266,6 @@ def _ignores_sigint(pid: int) -> bool:
   raise AssertionError("no SigIgn line")
 
 
-@pytest.mark.skipif(not os.path.isdir("/proc"), reason="finds the workers in /proc")
 def test_ctrl_c_stops_the_launcher_and_removes_its_files(small, tmp_path):
   """A real SIGINT to the process group (a terminal's Ctrl-C) while the preparation's worker
   processes start: the partial dataset and the temporary files go, no worker prints a
