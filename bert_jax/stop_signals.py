@@ -8,6 +8,9 @@
   SIGTERM that comes during the wait gives it `grace_seconds` to finish (a stuck write then
   gives up with `Interrupted`); a wait that began after the SIGTERM (the save it asked for) runs
   to its end. A second SIGTERM stops at once wherever the run is, and so does SIGINT (Ctrl-C).
+- The handlers only record (and, for a second signal, raise): a handler that logged would take
+  the log file's lock, which the main thread may hold when the signal comes, and the run would
+  wait for itself forever. The notice is logged by the main thread (`announce`).
 - `Interrupted` ends the launcher with one line and the exit status of the signal (128 + its
   number: 143 for SIGTERM, 130 for SIGINT); a write that was under way is not kept.
 """
@@ -47,6 +50,7 @@ class StopSignals:
     self.grace_seconds = grace_seconds
     self.requested_at: float | None = None  # When the (first) SIGTERM came.
     self._count = 0
+    self._announced = False
     self._previous = None
 
   @property
@@ -63,12 +67,18 @@ class StopSignals:
       signal.signal(signal.SIGTERM, self._previous)
       self._previous = None
 
+  def announce(self) -> None:
+    """Logs the stop request once, from the caller's (main) thread: never from the handler."""
+    if self.requested and not self._announced:
+      self._announced = True
+      logging.warning("SIGTERM (at %s): the run saves at the next step boundary and stops",
+                      time.strftime("%H:%M:%S", time.localtime(self.requested_at)))
+
   def _handle(self, signum, frame) -> None:
-    del frame
+    del frame  # No logging, no locks here (see the module docstring).
     self._count += 1
     if self.requested_at is None:
       self.requested_at = time.time()
-      logging.warning("SIGTERM: the run saves at the next step boundary and stops")
     if self._count > 1:  # A second SIGTERM: stop now, wherever the run is.
       raise Interrupted(signum, "stopped by a second SIGTERM; a checkpoint write under way (if "
                         "any) is not kept, a restart resumes from the last complete one")
@@ -96,6 +106,8 @@ def interruptible(blocking: Callable[[], T], what: str, stop: "StopSignals | Non
   worker.start()
   while worker.is_alive():
     worker.join(_POLL_SECONDS)  # KeyboardInterrupt (SIGINT) and handler errors surface here.
+    if stop is not None:
+      stop.announce()
     # Only a SIGTERM that came during this wait limits it: one that came before it is the
     # stop this wait is part of (the graceful save), which a second SIGTERM can still cut.
     if stop is not None and stop.requested and stop.requested_at >= started and worker.is_alive():

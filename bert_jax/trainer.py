@@ -276,6 +276,7 @@ class PreemptionFlag:
   def should_stop(self, step: int) -> bool:
     if jax.process_count() > 1:
       return multihost_utils.reached_preemption_sync_point(step) or False
+    self.signals.announce()
     return self.signals.requested
 
   def restore(self):
