@@ -197,9 +197,9 @@ def run(main: Callable[[], None], *, multi_host: bool = False) -> None:
       sys.exit(2)
     _quiet_console()
     signal.signal(signal.SIGINT, _on_sigint)
-    if multi_host:
-      distributed.initialize_from_flags()
     try:
+      if multi_host:
+        distributed.initialize_from_flags()
       main()
       close_log_file()
     except app.UsageError as e:  # A wrong combination of flags: one line, not absl's usage page.

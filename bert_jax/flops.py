@@ -2,6 +2,9 @@
 score matrix, no causal halving) and the MLM head at the P gathered positions only, over the real
 vocabulary (`vocab_size`; the rows of `vocab_pad_multiple` padding are layout, not model work)."""
 
+from collections.abc import Sequence
+from typing import Any
+
 from bert_jax.model import BertConfig
 
 
@@ -40,6 +43,25 @@ PEAK_FLOPS_BY_DEVICE_KIND = {
 def peak_flops_per_device(device_kind: str) -> float | None:
   """The table's peak for this device kind, or None when unknown (e.g. CPUs)."""
   return PEAK_FLOPS_BY_DEVICE_KIND.get(device_kind)
+
+
+def total_peak_flops(devices: Sequence[Any]) -> tuple[float | None, str]:
+  """The peak FLOP/s of all `devices` together, for MFU, and where it comes from.
+
+  A chip in the table: its peak x the number of devices. CPU devices (also the forced ones of a
+  simulated mesh, which share their host's cores): a matmul measured on this host, x the hosts.
+  Any other chip: None, MFU is not reported (a matmul measured on one device would be one
+  device's f32 speed, not the chip's peak, and not all devices').
+  """
+  kind = devices[0].device_kind
+  per_device = peak_flops_per_device(kind)
+  if per_device:
+    return per_device * len(devices), f"{kind}: {per_device:.3g} FLOP/s x {len(devices)} devices"
+  if devices[0].platform == "cpu":
+    hosts = len({d.process_index for d in devices})
+    return measure_matmul_peak() * hosts, f"f32 matmul measured on this host x {hosts} host(s)"
+  return None, (f"no peak FLOP/s known for device kind {kind!r}, so no MFU is reported; add it to "
+                "PEAK_FLOPS_BY_DEVICE_KIND in bert_jax/flops.py")
 
 
 def measure_matmul_peak(size: int = 1024, repeats: int = 10) -> float:

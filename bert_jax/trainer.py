@@ -582,10 +582,10 @@ def _finish(loop: _Loop, state, config, mesh) -> None:
 
 
 def _peak_flops(task: Task) -> float | None:
-  """All devices' peak FLOP/s for MFU: the chip table, or (CPUs) a matmul peak measured now;
-  None when the task does not count its FLOPs."""
+  """All devices' peak FLOP/s for MFU (`flops.total_peak_flops`); None when the task does not
+  count its FLOPs or the chip's peak is unknown (logged)."""
   if not task.flops_per_example():
     return None
-  device_peak = flops.peak_flops_per_device(jax.devices()[0].device_kind)
-  # Forced CPU devices share the host's cores: the measured peak is the whole host's.
-  return device_peak * jax.device_count() if device_peak else flops.measure_matmul_peak()
+  peak, source = flops.total_peak_flops(jax.devices())
+  (logging.info if peak else logging.warning)("Peak for MFU: %s", source)
+  return peak
