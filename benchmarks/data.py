@@ -163,19 +163,19 @@ def _child_prepare() -> None:
 
 def _child_tfds() -> None:
   """TFDS's own writer (download_and_prepare of the builder), single process."""
+  from bert_jax.data import blocks
   from bert_jax.data import corpus
-  from bert_jax.data import examples as ex
   from bert_jax.data import tfds_builder
   from bert_jax.data import vocab as vocab_lib
 
   vocab = vocab_lib.Vocab.load(_vocab_path())
-  settings = ex.ExampleSettings(max_seq_length=_MAX_SEQ_LENGTH.value, dupe_factor=_DUPE.value,
-                                validation_fraction=0.01, seed=0,
-                                max_examples_per_row=_MAX_EXAMPLES_PER_ROW.value)
+  settings = blocks.ExampleSettings(max_seq_length=_MAX_SEQ_LENGTH.value, dupe_factor=_DUPE.value,
+                                    validation_fraction=0.01, seed=0,
+                                    max_examples_per_row=_MAX_EXAMPLES_PER_ROW.value)
   builder = tfds_builder.BertPretraining(
       max_seq_length=_MAX_SEQ_LENGTH.value, max_examples_per_row=settings.examples_per_row,
       data_dir=_OUTPUT.value,
-      examples_fn=lambda split: ex.iter_rows(
+      examples_fn=lambda split: blocks.iter_rows(
           corpus.iter_bert_format(_CORPUS.value), vocab, settings, split))
   start = time.time()
   builder.download_and_prepare()

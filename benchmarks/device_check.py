@@ -312,10 +312,11 @@ def start_preparation(plan: Plan, cache_dir: str, log_path: str) -> subprocess.P
 
 def prepare_only(plan: Plan, cache_dir: str) -> None:
   """The child of `start_preparation`."""
-  from bert_jax.data import pipeline  # pylint: disable=import-outside-toplevel
+  from bert_jax.data import builtin, pipeline  # pylint: disable=import-outside-toplevel
   start = time.time()
-  dataset_dir, meta = pipeline.resolve_dataset(real_data_config(plan, "float32", "xla",
-                                                                cache_dir), cache_dir)
+  config = real_data_config(plan, "float32", "xla", cache_dir)
+  builtin.ensure_builtin(cache_dir, builtin.BuiltinSettings.from_config(config))
+  dataset_dir, meta = pipeline.resolve_dataset(config, cache_dir)
   print(json.dumps({"dataset_dir": dataset_dir, "seconds": time.time() - start,
                     "train_rows": meta["splits"]["train"]["rows"]}))
 

@@ -45,9 +45,10 @@ class Variant:
     import jax
     import flax.linen as nn
     from bert_jax import sharding, train, trainer
-    from bert_jax.data import pipeline
+    from bert_jax.data import builtin, pipeline
     from bert_jax.model import BertConfig
     self.name, self.config = name, _config(examples_per_row)
+    builtin.ensure_builtin(workdir, builtin.BuiltinSettings.from_config(self.config))
     self.dataset_dir, self.meta = pipeline.resolve_dataset(self.config, workdir)
     self.task = train.pretraining_task(self.config, BertConfig.from_config(self.config.model),
                                        self.meta)

@@ -33,7 +33,7 @@ from typing import Any, Callable
 import ml_collections
 
 from bert_jax import model, optimizer, sharding, tasks
-from bert_jax.data import examples
+from bert_jax.data import packing
 
 # value -> what is wrong with it ("must be an integer >= 1"), or None when it is fine.
 Check = Callable[[Any], str | None]
@@ -258,7 +258,7 @@ PRETRAINING_RULES: dict[str, Check] = {
     "data.dataset_dir": string('"": none; source "prepared" needs one'),
     # [CLS] A [SEP] B [SEP]: the shortest row prepare and the synthetic source can build.
     "data.max_seq_length": integer(5, "[CLS] A [SEP] B [SEP]"),
-    "data.objective": one_of(examples.OBJECTIVES),
+    "data.objective": one_of(packing.OBJECTIVES),
     "data.max_examples_per_row": integer(1, "1: one example per row, unpacked"),
     "data.short_seq_prob": probability(),
     "data.dupe_factor": integer(1),

@@ -12,7 +12,7 @@ import jax
 from jax.experimental import multihost_utils
 
 from bert_jax import checkpointing, config_checks, sharding, storage, trainer
-from bert_jax.data import pipeline
+from bert_jax.data import builtin, packing, pipeline
 from bert_jax.data.vocab import Vocab
 from bert_jax.masking import MaskingConfig
 from bert_jax.model import BertConfig
@@ -70,7 +70,7 @@ def compile_report(config) -> dict[str, Any]:
 
 def examples_per_row(config) -> int:
   """K of the batch contract: the packing of the NSP objective; MLM-only rows are one sequence."""
-  return 1 if config.data.objective == "mlm" else config.data.max_examples_per_row
+  return packing.examples_per_row(config.data.objective, config.data.max_examples_per_row)
 
 
 def pretraining_task(config, model_config: BertConfig, meta: dict | None) -> PretrainingTask:
@@ -99,12 +99,13 @@ def _builtin_root(config, workdir: str) -> str:
 def _resolve_data(config, workdir: str) -> tuple[str | None, dict]:
   """(dataset dir, its bert_meta.json) for prepared / builtin data, checked against the model;
   (None, {}) for synthetic data. The built-in corpus is prepared once and cached: by process 0
-  in a shared workdir, by every host in its own local cache when the workdir is a bucket."""
+  in a shared workdir, by every host in its own local cache when the workdir is a bucket; then
+  every process reads it."""
   if config.data.source == "synthetic":
     return None, {}
   root = _builtin_root(config, workdir)
   if config.data.source == "builtin" and (jax.process_index() == 0 or storage.is_remote(workdir)):
-    pipeline.resolve_dataset(config, root)
+    builtin.ensure_builtin(root, builtin.BuiltinSettings.from_config(config))
   multihost_utils.sync_global_devices("bert_jax: dataset ready")
   return pipeline.resolve_dataset(config, root)
 

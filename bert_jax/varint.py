@@ -1,4 +1,4 @@
-"""Protocol-buffer base-128 varints, for hand-written protobuf bytes: `data/examples.py` writes
+"""Protocol-buffer base-128 varints, for hand-written protobuf bytes: `data/records.py` writes
 tf.train.Example records with them (as does the tests' TF-bundle writer, its index entries).
 Readers decode varints themselves (`weights/tf_bundle.py`)."""
 

@@ -10,28 +10,26 @@ Run (one of --input, --tfds_name, --builtin):
   python launch/prepare_data.py --input=books.txt --output_dir=gs://bucket/data/books
 
 Then train with --config.data.source=prepared --config.data.dataset_dir=<output_dir> (and the
-same --config.data.objective and, for mlm_nsp, --config.data.max_examples_per_row).
+same --config.data.objective and, for mlm_nsp, --config.data.max_examples_per_row). --builtin
+prepares the dataset that training on --config.data.source=builtin prepares for the same
+settings (bert_jax.data.builtin: same corpus, vocabulary, rows and fingerprint).
 
 A gs:// --output_dir is prepared in a local temporary directory ($TMPDIR: it needs room for the
 dataset) and uploaded when complete. Training reads it through a gcsfuse mount of the bucket
 (ArrayRecord reads local files only): --config.data.dataset_dir=/mnt/bucket/data/books.
 """
 
-import hashlib
 import os
 import sys
-import tempfile
 
 from absl import flags
-from absl import logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bert_jax import cli  # noqa: E402
-from bert_jax.data import corpus  # noqa: E402
-from bert_jax.data import examples  # noqa: E402
-from bert_jax.data import prepare  # noqa: E402
-from bert_jax.data import vocab as vocab_lib  # noqa: E402
+from bert_jax.data import blocks  # noqa: E402
+from bert_jax.data import packing  # noqa: E402
+from bert_jax.data import sources  # noqa: E402
 from configs import base  # noqa: E402
 
 _DEFAULTS = base.get_config()
@@ -45,7 +43,9 @@ _TFDS_NAME = flags.DEFINE_string("tfds_name", "", "TFDS text dataset instead of 
 _TFDS_SPLIT = flags.DEFINE_string("tfds_split", "train", "Split of --tfds_name.")
 _TFDS_FIELD = flags.DEFINE_string("tfds_field", "text", "Text field of --tfds_name.")
 _TFDS_DATA_DIR = flags.DEFINE_string("tfds_data_dir", None, "TFDS data_dir of --tfds_name.")
-_BUILTIN = flags.DEFINE_bool("builtin", False, "Use the built-in docstring corpus.")
+_BUILTIN = flags.DEFINE_bool(
+    "builtin", False, "Use the built-in docstring corpus: the dataset training prepares for the "
+    "same settings (its vocabulary trained on it: --vocab_size, --vocab_model_type).")
 _BUILTIN_MAX_MB = flags.DEFINE_float("builtin_max_mb", _DEFAULTS.data.builtin_max_mb,
                                      "Cap on built-in corpus text in MB (0 = all).")
 _OUTPUT_DIR = flags.DEFINE_string(
@@ -64,7 +64,7 @@ _ALLOW_SMALLER_VOCAB = flags.DEFINE_bool(
 _MAX_SEQ_LENGTH = flags.DEFINE_integer("max_seq_length", _DEFAULTS.data.max_seq_length,
                                        "Tokens per row, specials included.")
 _OBJECTIVE = flags.DEFINE_enum(
-    "objective", _DEFAULTS.data.objective, ["mlm_nsp", "mlm"],
+    "objective", _DEFAULTS.data.objective, list(packing.OBJECTIVES),
     "mlm_nsp: BERT's next-sentence pairs, packed --max_examples_per_row to a row; mlm: "
     "RoBERTa's FULL-SENTENCES rows (contiguous text, [SEP] between documents, full rows), no NSP.")
 _MAX_EXAMPLES_PER_ROW = flags.DEFINE_integer(
@@ -83,98 +83,24 @@ _NUM_WORKERS = flags.DEFINE_integer(
     "num_workers", -1, "Worker processes (-1: one per core, 0: in this process).")
 
 
-def _sources(work_dir: str):
-  """(documents factory, stats getter, fingerprint, the flag that named it) of the selected
-  corpus flag."""
-  chosen = [name for name, given in (("--input", bool(_INPUT.value)),
-                                     ("--tfds_name", bool(_TFDS_NAME.value)),
-                                     ("--builtin", _BUILTIN.value)) if given]
-  if len(chosen) != 1:
-    raise ValueError("Give exactly one corpus source: --input, --tfds_name or --builtin "
-                     f"(got {', '.join(chosen) or 'none'}).")
-  holder = {"stats": corpus.CorpusStats()}
-
-  def fresh_stats() -> corpus.CorpusStats:
-    holder["stats"] = corpus.CorpusStats()
-    return holder["stats"]
-
-  if _TFDS_NAME.value:
-    def documents():
-      return corpus.iter_tfds_text(_TFDS_NAME.value, _TFDS_SPLIT.value, _TFDS_FIELD.value,
-                                   data_dir=_TFDS_DATA_DIR.value, stats=fresh_stats())
-    fingerprint = f"tfds:{_TFDS_NAME.value}/{_TFDS_SPLIT.value}/{_TFDS_FIELD.value}"
-    return (documents, lambda: holder["stats"], fingerprint,
-            f"--tfds_name={_TFDS_NAME.value} (split {_TFDS_SPLIT.value}, field "
-            f"{_TFDS_FIELD.value})")
-
-  if _BUILTIN.value:
-    # Parsing every installed module is slow: spool the docstrings once, read the text twice.
-    spool = os.path.join(work_dir, "builtin_corpus.txt")
-    max_bytes = int(_BUILTIN_MAX_MB.value * 1e6)
-    prepare.spool_documents(corpus.iter_builtin_docstrings(max_bytes, fresh_stats()), spool)
-    builtin_stats = holder["stats"]
-    paths = [spool]
-    fingerprint = f"builtin:{corpus.builtin_corpus_fingerprint()}:{max_bytes}"
-    reader = corpus.iter_bert_format
-    stats_getter = lambda: builtin_stats  # noqa: E731
-  else:
-    paths = corpus.expand_paths(_INPUT.value)  # Fails now, naming a missing file or glob.
-    reader = (corpus.iter_bert_format if _INPUT_FORMAT.value == "bert"
-              else corpus.iter_paragraph_text)
-    digest = hashlib.sha256()
-    for path in paths:
-      digest.update(f"{os.path.abspath(path)}\t{os.path.getsize(path)}\n".encode())
-    fingerprint = f"files:{digest.hexdigest()[:16]}"
-    stats_getter = lambda: holder["stats"]  # noqa: E731
-
-  def documents():
-    return reader(paths, fresh_stats())
-  named = "--builtin" if _BUILTIN.value else f"--input={','.join(_INPUT.value)}"
-  return documents, stats_getter, fingerprint, named
-
-
-def _run(work_dir: str) -> None:
-  if not _OUTPUT_DIR.value:
-    raise ValueError("--output_dir is required.")
-  prepare.check_output_dir(_OUTPUT_DIR.value)  # Before any slow work.
-  examples.ExampleSettings(
-      max_seq_length=_MAX_SEQ_LENGTH.value, short_seq_prob=_SHORT_SEQ_PROB.value,
-      dupe_factor=_DUPE_FACTOR.value, validation_fraction=_VALIDATION_FRACTION.value,
-      seed=_SEED.value, objective=_OBJECTIVE.value,
-      max_examples_per_row=_MAX_EXAMPLES_PER_ROW.value).validate()
-  documents, stats_getter, fingerprint, named = _sources(work_dir)
-  if _VOCAB.value:
-    vocab = vocab_lib.Vocab.load(_VOCAB.value)
-    logging.info("Using vocabulary %s", vocab)
-  else:
-    logging.info("Training a %s sentencepiece vocabulary of %d", _VOCAB_MODEL_TYPE.value,
-                 _VOCAB_SIZE.value)
-    vocab = vocab_lib.train_sentencepiece(
-        corpus.iter_sentences(documents()), os.path.join(work_dir, "sentencepiece"),
-        _VOCAB_SIZE.value, _VOCAB_MODEL_TYPE.value,
-        allow_smaller_vocab=_ALLOW_SMALLER_VOCAB.value, source=named)
-  meta = prepare.prepare_dataset(
-      _OUTPUT_DIR.value, documents, vocab, max_seq_length=_MAX_SEQ_LENGTH.value,
-      short_seq_prob=_SHORT_SEQ_PROB.value, dupe_factor=_DUPE_FACTOR.value,
-      validation_fraction=_VALIDATION_FRACTION.value, seed=_SEED.value,
-      objective=_OBJECTIVE.value, max_examples_per_row=_MAX_EXAMPLES_PER_ROW.value,
-      num_workers=None if _NUM_WORKERS.value < 0 else _NUM_WORKERS.value,
-      corpus_stats=stats_getter, corpus_fingerprint=fingerprint)
-  stats = meta["corpus_stats"] or {}
-  if stats.get("invalid_bytes"):
-    logging.warning("%d bytes of the corpus were not valid UTF-8 (replaced by U+FFFD).",
-                    stats["invalid_bytes"])
-  train, validation = meta["splits"]["train"], meta["splits"]["validation"]
-  print(f"Prepared {_OUTPUT_DIR.value} ({meta['objective']}): {train['rows']} train rows "
-        f"({train['examples']} examples, {train['fill_rate']:.1%} real tokens) / "
-        f"{validation['rows']} validation rows, vocab {meta['vocab_size']} "
-        f"({meta['vocab_kind']}), max_seq_length {meta['max_seq_length']}, up to "
-        f"{meta['max_examples_per_row']} examples per row, {meta['prepare_seconds']:.1f} s.")
-
-
 def main() -> None:
-  with tempfile.TemporaryDirectory(prefix="bert_jax_prepare_") as work_dir:
-    _run(work_dir)
+  meta = sources.prepare_corpus(
+      _OUTPUT_DIR.value,
+      sources.CorpusSource(
+          input=_INPUT.value, input_format=_INPUT_FORMAT.value, tfds_name=_TFDS_NAME.value,
+          tfds_split=_TFDS_SPLIT.value, tfds_field=_TFDS_FIELD.value,
+          tfds_data_dir=_TFDS_DATA_DIR.value, builtin=_BUILTIN.value,
+          builtin_max_mb=_BUILTIN_MAX_MB.value),
+      sources.VocabSource(path=_VOCAB.value, size=_VOCAB_SIZE.value,
+                          model_type=_VOCAB_MODEL_TYPE.value,
+                          allow_smaller=_ALLOW_SMALLER_VOCAB.value),
+      blocks.ExampleSettings(
+          max_seq_length=_MAX_SEQ_LENGTH.value, short_seq_prob=_SHORT_SEQ_PROB.value,
+          dupe_factor=_DUPE_FACTOR.value, validation_fraction=_VALIDATION_FRACTION.value,
+          seed=_SEED.value, objective=_OBJECTIVE.value,
+          max_examples_per_row=_MAX_EXAMPLES_PER_ROW.value),
+      num_workers=None if _NUM_WORKERS.value < 0 else _NUM_WORKERS.value)
+  print(sources.describe(_OUTPUT_DIR.value, meta))
 
 
 if __name__ == "__main__":

@@ -20,7 +20,7 @@ import pytest
 
 from bert_jax import finetune_data, storage
 from bert_jax.data import corpus
-from bert_jax.data import examples as examples_lib
+from bert_jax.data import blocks
 from bert_jax.data import pipeline
 from bert_jax.data import prepare
 from bert_jax.data import vocab as vocab_lib
@@ -53,7 +53,7 @@ def _prepared_config(dataset_dir: str, vocab):
   config.data.source = "prepared"
   config.data.dataset_dir = dataset_dir
   config.data.max_seq_length = LENGTH
-  config.data.max_examples_per_row = examples_lib.ExampleSettings.max_examples_per_row
+  config.data.max_examples_per_row = blocks.ExampleSettings.max_examples_per_row
   config.model.vocab_size = vocab.size
   return config
 
@@ -211,7 +211,7 @@ def test_interrupted_preparation_leaves_nothing(small, tmp_path, monkeypatch, nu
   parent = tmp_path / "out"
   parent.mkdir()
   output_dir = str(parent / "dataset")
-  original = examples_lib.BlockStats.add
+  original = blocks.BlockStats.add
   calls = []
 
   def interrupted(self, other):  # Ctrl-C between two blocks, the pool's workers busy.
@@ -220,7 +220,7 @@ def test_interrupted_preparation_leaves_nothing(small, tmp_path, monkeypatch, nu
       raise KeyboardInterrupt
     original(self, other)
 
-  monkeypatch.setattr(examples_lib.BlockStats, "add", interrupted)
+  monkeypatch.setattr(blocks.BlockStats, "add", interrupted)
   with pytest.raises(KeyboardInterrupt):
     prepare.prepare_dataset(output_dir, lambda: corpus.iter_bert_format(text), vocab,
                             max_seq_length=LENGTH, dupe_factor=1, block_chars=300,
@@ -233,7 +233,7 @@ def test_interrupted_preparation_leaves_nothing(small, tmp_path, monkeypatch, nu
         raise KeyboardInterrupt
       yield document
 
-  monkeypatch.setattr(examples_lib.BlockStats, "add", original)
+  monkeypatch.setattr(blocks.BlockStats, "add", original)
   with pytest.raises(KeyboardInterrupt):
     prepare.prepare_dataset(output_dir, lambda: reader(text), vocab, max_seq_length=LENGTH,
                             dupe_factor=1, block_chars=300, num_workers=num_workers)

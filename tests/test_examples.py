@@ -1,14 +1,18 @@
 """NSP example construction and rows: layout, packing, statistics, faithfulness to the
 original, records."""
 
+import ast
 import collections
+import os
 import random
 
 import numpy as np
 import pytest
 
-from bert_jax.data import examples as ex
+from bert_jax.data import blocks
+from bert_jax.data import nsp
 from bert_jax.data import packing
+from bert_jax.data import records
 
 PAD, UNK, CLS, SEP, MASK = 0, 1, 2, 3, 4
 DOC_BASE, SENT_BASE, WORD_BASE, PIECE_BASE, CONT_ID = 100, 1100, 2000, 3000, 3999
@@ -56,27 +60,28 @@ def make_corpus(num_docs: int, seed: int, sentences=(20, 40), words=(2, 10)) -> 
 
 
 def tokenized(docs):
-  return ex.tokenize_documents(docs, FakeTokenizer())
+  return blocks.tokenize_documents(docs, FakeTokenizer())
 
 
 def settings_for(seed=0, max_seq_length=64, short_seq_prob=0.1, dupe_factor=1, **kwargs):
-  return ex.ExampleSettings(max_seq_length=max_seq_length, short_seq_prob=short_seq_prob,
-                            dupe_factor=dupe_factor, validation_fraction=0.0, seed=seed, **kwargs)
+  return blocks.ExampleSettings(
+      max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
+      validation_fraction=0.0, seed=seed, **kwargs)
 
 
-def build_instances(docs, block_chars=ex.ExampleSettings.block_chars, **kwargs):
+def build_instances(docs, block_chars=blocks.ExampleSettings.block_chars, **kwargs):
   """Every block's instances in generation order (before the shuffle into rows)."""
   settings = settings_for(block_chars=block_chars, **kwargs)
   instances = []
-  for block in ex.iter_document_blocks(docs, validation_fraction=0.0, block_chars=block_chars):
-    block_instances, _ = ex.build_instances(block, FakeTokenizer(), settings)
+  for block in blocks.iter_document_blocks(docs, validation_fraction=0.0, block_chars=block_chars):
+    block_instances, _ = blocks.build_instances(block, FakeTokenizer(), settings)
     instances += block_instances
   return instances
 
 
 def build_rows(docs, **kwargs):
   """The train split's rows as feature lists, in record order."""
-  return list(ex.iter_rows(docs, FakeTokenizer(), settings_for(**kwargs), ex.TRAIN))
+  return list(blocks.iter_rows(docs, FakeTokenizer(), settings_for(**kwargs), blocks.TRAIN))
 
 
 def split_pair(instance):
@@ -137,17 +142,17 @@ def test_row_layout(max_examples_per_row):
   length, slots = 64, max_examples_per_row
   settings = settings_for(max_seq_length=length, dupe_factor=2, short_seq_prob=0.3,
                           max_examples_per_row=slots)
-  (block,) = ex.iter_document_blocks(make_corpus(40, seed=1), validation_fraction=0.0,
-                                     block_chars=10**9)
-  rows, stats = ex.build_block(block, FakeTokenizer(), settings)
-  instances = list(ex.build_instances(block, FakeTokenizer(), settings)[0])
+  (block,) = blocks.iter_document_blocks(make_corpus(40, seed=1), validation_fraction=0.0,
+                                         block_chars=10**9)
+  rows, stats = blocks.build_block(block, FakeTokenizer(), settings)
+  instances = list(blocks.build_instances(block, FakeTokenizer(), settings)[0])
   assert stats.rows == len(rows) and stats.examples == len(instances) > 300
   # Every instance in exactly one row, in some row order: the block's shuffle.
   in_rows = [instance for row in rows for instance in row]
   assert sorted(map(repr, in_rows)) == sorted(map(repr, instances)) and in_rows != instances
   assert max(map(len, rows)) == slots
   for row in rows:
-    features = ex.row_features(row, settings, FakeTokenizer())
+    features = blocks.row_features(row, settings, FakeTokenizer())
     assert {len(features[name]) for name in packing.TOKEN_FEATURES} == {length}
     assert {len(features[name]) for name in packing.SLOT_FEATURES} == {slots}
     start = 0
@@ -201,7 +206,7 @@ def test_short_target_fraction_per_document():
   max_num_tokens = 64 - 3
   short = 0
   for i in range(len(docs)):
-    instances = ex.create_instances_from_document(docs, i, 64, 0.1, rng)
+    instances = nsp.create_instances_from_document(docs, i, 64, 0.1, rng)
     targets = {inst.target_seq_length for inst in instances}
     assert len(targets) == 1  # Drawn once per document, as the original.
     target = targets.pop()
@@ -286,7 +291,7 @@ def test_same_draws_as_original(max_seq_length, short_seq_prob):
   rng_ours, rng_original = random.Random(7), random.Random(7)
   total = 0
   for i in range(len(docs)):
-    ours = ex.create_instances_from_document(docs, i, max_seq_length, short_seq_prob, rng_ours)
+    ours = nsp.create_instances_from_document(docs, i, max_seq_length, short_seq_prob, rng_ours)
     original = original_create_instances_from_document(
         plain_docs, i, max_seq_length, short_seq_prob, rng_original)
     assert [(x.ids_a, x.ids_b, x.is_random_next) for x in ours] == original
@@ -301,7 +306,7 @@ def test_truncation_matches_original():
     a = list(range(rng.randint(1, 80)))
     b = list(range(1000, 1000 + rng.randint(1, 80)))
     max_num_tokens = rng.randint(2, 100)
-    ours = ex.truncate_seq_pair(a, b, max_num_tokens, random.Random(trial))
+    ours = nsp.truncate_seq_pair(a, b, max_num_tokens, random.Random(trial))
     a_ref, b_ref = list(a), list(b)
     original_truncate_seq_pair(a_ref, b_ref, max_num_tokens, random.Random(trial))
     assert ours == (a_ref, b_ref)
@@ -315,7 +320,7 @@ def test_truncation_matches_original():
 def random_instance(rng, max_side):
   len_a, len_b = rng.randint(1, max_side), rng.randint(1, max_side)
   # Ids of one, two and three varint bytes.
-  return ex.Instance(
+  return packing.Instance(
       [rng.choice([5, 200, 20000, 69999]) for _ in range(len_a)],
       [rng.randint(0, 1) for _ in range(len_a)],
       [rng.randint(5, 69999) for _ in range(len_b)],
@@ -329,7 +334,7 @@ def test_record_serializer_matches_tfds_features(length, slots):
   from bert_jax.data import tfds_builder
 
   features = tfds_builder.make_features(length, slots)
-  serializer = ex.RecordSerializer(length, slots, 70000, pad_id=PAD, cls_id=CLS, sep_id=SEP)
+  serializer = records.RecordSerializer(length, slots, 70000, pad_id=PAD, cls_id=CLS, sep_id=SEP)
   rng = random.Random(0)
 
   def check(record, expected):
@@ -357,31 +362,32 @@ def test_record_serializer_matches_tfds_features(length, slots):
       check(serializer.serialize_sentences(serializer.encode_sentences(sentences)),
             packing.sentences_row_features(sentences, length, CLS, SEP, PAD))
   with pytest.raises(ValueError, match="vocab size"):
-    serializer.encode_pair(ex.Instance([70000], [1], [5], [1], False, 13))
+    serializer.encode_pair(packing.Instance([70000], [1], [5], [1], False, 13))
   with pytest.raises(ValueError, match="exceeds max_seq_length"):
     serializer.serialize_pairs([serializer.encode_pair(
-        ex.Instance([5] * length, [1] * length, [5], [1], False, 13))])
+        packing.Instance([5] * length, [1] * length, [5], [1], False, 13))])
   with pytest.raises(ValueError, match=f"1 to {slots} examples"):
     serializer.serialize_pairs([serializer.encode_pair(random_instance(rng, 1))] * (slots + 1))
 
 
 def test_validation_assignment_by_hash():
   docs = make_corpus(4000, seed=5, sentences=(1, 2), words=(1, 3))
-  flags = [ex.is_validation_document(d, 0.1) for d in docs]
+  flags = [blocks.is_validation_document(d, 0.1) for d in docs]
   assert abs(np.mean(flags) - 0.1) < 0.02
-  assert flags == [ex.is_validation_document(list(d), 0.1) for d in docs]  # Deterministic.
-  assert not any(ex.is_validation_document(d, 0.0) for d in docs)
-  blocks = list(ex.iter_document_blocks(docs, validation_fraction=0.1, block_chars=5000))
-  for block in blocks:
-    assert all(ex.is_validation_document(d, 0.1) == (block.split == ex.VALIDATION)
+  assert flags == [blocks.is_validation_document(list(d), 0.1) for d in docs]  # Deterministic.
+  assert not any(blocks.is_validation_document(d, 0.0) for d in docs)
+  document_blocks = list(blocks.iter_document_blocks(docs, validation_fraction=0.1,
+                                                     block_chars=5000))
+  for block in document_blocks:
+    assert all(blocks.is_validation_document(d, 0.1) == (block.split == blocks.VALIDATION)
                for d in block.documents)
   # Blocks hold about block_chars (one document over at most) and keep every document once.
-  for block in blocks[:-2]:
+  for block in document_blocks[:-2]:
     chars = sum(len(s) for d in block.documents for s in d)
     assert 5000 <= chars < 5000 + max(sum(len(s) for s in d) for d in block.documents)
-  assert sum(len(b.documents) for b in blocks) == len(docs)
+  assert sum(len(b.documents) for b in document_blocks) == len(docs)
   indices = collections.defaultdict(list)
-  for block in blocks:
+  for block in document_blocks:
     indices[block.split].append(block.index)
   assert all(v == list(range(len(v))) for v in indices.values())
 
@@ -402,7 +408,7 @@ def test_dupe_passes_differ_and_seed_determinism():
 def _read_records(dataset_dir):
   from bert_jax.data import tfds_builder
 
-  return list(tfds_builder.data_source(dataset_dir, ex.TRAIN, raw=True))
+  return list(tfds_builder.data_source(dataset_dir, blocks.TRAIN, raw=True))
 
 
 # block_chars=1: every block holds one document.
@@ -425,7 +431,7 @@ def test_prepared_output_independent_of_worker_count(tmp_path, block_chars, obje
   assert meta_inline["stats"] == meta_pool["stats"]
   assert meta_inline["splits"]["validation"]["rows"] > 0
   assert meta_inline["max_examples_per_row"] == (3 if objective == "mlm_nsp" else 1)
-  neighbour_draws = meta_inline["stats"][ex.TRAIN]["random_next_neighbour"]
+  neighbour_draws = meta_inline["stats"][blocks.TRAIN]["random_next_neighbour"]
   assert neighbour_draws > 0 if block_chars == 1 and objective == "mlm_nsp" else (
       neighbour_draws == 0)
   train = meta_inline["splits"]["train"]
@@ -435,11 +441,11 @@ def test_prepared_output_independent_of_worker_count(tmp_path, block_chars, obje
   # of whole sentences leave a gap of about half a sentence.
   assert train["fill_rate"] > {1: 0.6, 3000: 0.9 if objective == "mlm_nsp" else 0.8}[
       block_chars], train
-  records = _read_records(str(tmp_path / "inline"))
-  assert len(records) == train["rows"]
-  assert records == _read_records(str(tmp_path / "pool"))
+  written = _read_records(str(tmp_path / "inline"))
+  assert len(written) == train["rows"]
+  assert written == _read_records(str(tmp_path / "pool"))
   run("other_seed", 0, seed=1)
-  assert _read_records(str(tmp_path / "other_seed")) != records
+  assert _read_records(str(tmp_path / "other_seed")) != written
 
 
 # ---------------------------------------------------------------- random-next B never from A's
@@ -476,30 +482,31 @@ def check_random_b_sources(examples, docs):
 
 def test_blocks_of_one_document_carry_neighbours():
   docs = make_corpus(6, seed=8)
-  blocks = list(ex.iter_document_blocks(docs, validation_fraction=0.0, block_chars=1))
-  assert [b.index for b in blocks] == list(range(6))
-  assert all(len(b.documents) == 1 for b in blocks)
+  document_blocks = list(blocks.iter_document_blocks(docs, validation_fraction=0.0, block_chars=1))
+  assert [b.index for b in document_blocks] == list(range(6))
+  assert all(len(b.documents) == 1 for b in document_blocks)
   # The previous block's documents; block 0 gets block 1's.
-  assert blocks[0].neighbours == blocks[1].documents
+  assert document_blocks[0].neighbours == document_blocks[1].documents
   for i in range(1, 6):
-    assert blocks[i].neighbours == blocks[i - 1].documents
+    assert document_blocks[i].neighbours == document_blocks[i - 1].documents
   # Blocks of several documents carry none; a split of one document has none to carry.
-  blocks = list(ex.iter_document_blocks(make_corpus(20, seed=9), validation_fraction=0.0,
-                                        block_chars=10**9))
-  assert len(blocks) == 1 and blocks[0].neighbours == ()
-  blocks = list(ex.iter_document_blocks(docs[:1], validation_fraction=0.0, block_chars=1))
-  assert len(blocks) == 1 and blocks[0].neighbours == ()
+  document_blocks = list(blocks.iter_document_blocks(
+      make_corpus(20, seed=9), validation_fraction=0.0, block_chars=10**9))
+  assert len(document_blocks) == 1 and document_blocks[0].neighbours == ()
+  document_blocks = list(blocks.iter_document_blocks(docs[:1], validation_fraction=0.0,
+                                                     block_chars=1))
+  assert len(document_blocks) == 1 and document_blocks[0].neighbours == ()
 
 
 def test_random_b_from_another_document_in_blocks_of_one_document():
   # block_chars=1: every block holds one document, so every random B comes from a neighbour.
   docs = make_corpus(8, seed=10, sentences=(5, 30))
-  settings = ex.ExampleSettings(max_seq_length=48, dupe_factor=3, validation_fraction=0.0,
-                                block_chars=1)
+  settings = blocks.ExampleSettings(max_seq_length=48, dupe_factor=3, validation_fraction=0.0,
+                                    block_chars=1)
   examples = []
-  stats = ex.BlockStats()
-  for block in ex.iter_document_blocks(docs, validation_fraction=0.0, block_chars=1):
-    instances, block_stats = ex.build_instances(block, FakeTokenizer(), settings)
+  stats = blocks.BlockStats()
+  for block in blocks.iter_document_blocks(docs, validation_fraction=0.0, block_chars=1):
+    instances, block_stats = blocks.build_instances(block, FakeTokenizer(), settings)
     instances = list(instances)
     assert instances
     examples += instances
@@ -514,16 +521,16 @@ def test_random_b_from_another_document_when_the_last_block_holds_one():
   block_chars = 3000
   for n in range(10, 200):
     docs = make_corpus(n, seed=11, sentences=(3, 12))
-    blocks = list(ex.iter_document_blocks(docs, validation_fraction=0.0,
-                                          block_chars=block_chars))
-    if len(blocks) >= 2 and len(blocks[-1].documents) == 1:
+    document_blocks = list(blocks.iter_document_blocks(docs, validation_fraction=0.0,
+                                                       block_chars=block_chars))
+    if len(document_blocks) >= 2 and len(document_blocks[-1].documents) == 1:
       break
   else:
     raise AssertionError("no corpus size gives a last block of one document")
-  assert blocks[-1].neighbours == blocks[-2].documents
-  settings = ex.ExampleSettings(max_seq_length=48, dupe_factor=5, validation_fraction=0.0,
-                                block_chars=block_chars)
-  instances, stats = ex.build_instances(blocks[-1], FakeTokenizer(), settings)
+  assert document_blocks[-1].neighbours == document_blocks[-2].documents
+  settings = blocks.ExampleSettings(max_seq_length=48, dupe_factor=5, validation_fraction=0.0,
+                                    block_chars=block_chars)
+  instances, stats = blocks.build_instances(document_blocks[-1], FakeTokenizer(), settings)
   last_examples = list(instances)
   assert stats.random_next == stats.random_next_neighbour > 0
   assert check_random_b_sources(last_examples, docs) == stats.random_next
@@ -536,10 +543,10 @@ def test_split_of_one_document_never_labels_its_own_text_random():
   # No other document anywhere: chunks that would get a random B get their real continuation,
   # or make no example when they have one sentence.
   docs = make_corpus(1, seed=12, sentences=(40, 40))
-  settings = ex.ExampleSettings(max_seq_length=48, short_seq_prob=0.3, dupe_factor=10,
-                                validation_fraction=0.0)
-  (block,) = ex.iter_document_blocks(docs, validation_fraction=0.0, block_chars=10**9)
-  instances, stats = ex.build_instances(block, FakeTokenizer(), settings)
+  settings = blocks.ExampleSettings(max_seq_length=48, short_seq_prob=0.3, dupe_factor=10,
+                                    validation_fraction=0.0)
+  (block,) = blocks.iter_document_blocks(docs, validation_fraction=0.0, block_chars=10**9)
+  instances, stats = blocks.build_instances(block, FakeTokenizer(), settings)
   examples = list(instances)
   assert examples and stats.examples == len(examples)
   assert stats.random_next == stats.random_next_neighbour == 0
@@ -550,10 +557,10 @@ def test_split_of_one_document_never_labels_its_own_text_random():
     if sentence_indices(a) and sentence_indices(b):
       assert sentence_indices(a)[-1] < sentence_indices(b)[0]
   # A document of one sentence: its only chunk can have neither B.
-  (block,) = ex.iter_document_blocks([["d0 s0 w1 w2"]], validation_fraction=0.0, block_chars=1)
-  instances, stats = ex.build_instances(block, FakeTokenizer(), settings)
+  (block,) = blocks.iter_document_blocks([["d0 s0 w1 w2"]], validation_fraction=0.0, block_chars=1)
+  instances, stats = blocks.build_instances(block, FakeTokenizer(), settings)
   assert list(instances) == [] and stats.random_next_skipped == settings.dupe_factor
-  rows, stats = ex.build_block(block, FakeTokenizer(), settings)
+  rows, stats = blocks.build_block(block, FakeTokenizer(), settings)
   assert rows == [] and stats.rows == 0
 
 
@@ -566,8 +573,8 @@ def test_few_documents_differ_from_original_only_where_it_takes_a_own_document()
   deviations = 0
   for seed in range(4000):
     document_index = seed % 2
-    ours = ex.create_instances_from_document(docs, document_index, 32, 0.1,
-                                             random.Random(seed))
+    ours = nsp.create_instances_from_document(docs, document_index, 32, 0.1,
+                                              random.Random(seed))
     ours = [(x.ids_a, x.ids_b, x.is_random_next) for x in ours]
     original = original_create_instances_from_document(plain_docs, document_index, 32, 0.1,
                                                        random.Random(seed))
@@ -637,18 +644,19 @@ def test_pack_bad_input():
   with pytest.raises(ValueError, match="capacity=0"):
     packing.pack([1], 0, 1)
   with pytest.raises(ValueError, match="1 to 2 examples"):
-    packing.nsp_row_features([ex.Instance([5], [1], [6], [1], False, 3)] * 3, 32, 2, CLS, SEP,
+    packing.nsp_row_features([packing.Instance([5], [1], [6], [1], False, 3)] * 3, 32, 2, CLS, SEP,
                              PAD)
 
 
 def test_settings_validation():
-  ex.ExampleSettings(objective="mlm", max_examples_per_row=7).validate()
-  assert ex.ExampleSettings(objective="mlm", max_examples_per_row=7).examples_per_row == 1
-  assert ex.ExampleSettings(max_examples_per_row=7).examples_per_row == 7
+  blocks.ExampleSettings(objective="mlm", max_examples_per_row=7).validate()
+  assert blocks.ExampleSettings(objective="mlm", max_examples_per_row=7).examples_per_row == 1
+  assert blocks.ExampleSettings(max_examples_per_row=7).examples_per_row == 7
+  assert (packing.examples_per_row("mlm", 7), packing.examples_per_row("mlm_nsp", 7)) == (1, 7)
   with pytest.raises(ValueError, match="max_examples_per_row=0 must be >= 1.*--max_examples"):
-    ex.ExampleSettings(max_examples_per_row=0).validate()
+    blocks.ExampleSettings(max_examples_per_row=0).validate()
   with pytest.raises(ValueError, match="objective='nsp' is not one of.*--objective"):
-    ex.ExampleSettings(objective="nsp").validate()
+    blocks.ExampleSettings(objective="nsp").validate()
 
 
 # ---------------------------------------------------------------- FULL-SENTENCES (objective mlm)
@@ -708,8 +716,8 @@ def test_full_sentence_rows_continue_long_sentences():
 def test_mlm_block_rows():
   docs = make_corpus(40, seed=15, sentences=(2, 10))
   settings = settings_for(max_seq_length=64, dupe_factor=2, objective="mlm")
-  (block,) = ex.iter_document_blocks(docs, validation_fraction=0.0, block_chars=10**9)
-  rows, stats = ex.build_block(block, FakeTokenizer(), settings)
+  (block,) = blocks.iter_document_blocks(docs, validation_fraction=0.0, block_chars=10**9)
+  rows, stats = blocks.build_block(block, FakeTokenizer(), settings)
   assert stats.rows == stats.examples == len(rows) and stats.random_next == 0
   assert stats.real_tokens == sum(map(packing.sentences_row_length, rows))
   # Full rows but each pass's last one.
@@ -720,12 +728,35 @@ def test_mlm_block_rows():
   passes = []
   for pass_index in range(2):
     order = list(range(len(docs)))
-    random.Random(ex.block_seed(0, ex.TRAIN, pass_index, 0)).shuffle(order)
+    random.Random(blocks.block_seed(0, blocks.TRAIN, pass_index, 0)).shuffle(order)
     passes.append(packing.full_sentence_rows([tokenized(docs)[i] for i in order], 64, SEP)[0])
   assert passes[0] != passes[1]
   assert sorted(rows) == sorted(passes[0] + passes[1])  # The passes' rows, shuffled together.
   assert rows != passes[0] + passes[1]
-  features = [ex.row_features(row, settings, FakeTokenizer()) for row in rows]
+  features = [blocks.row_features(row, settings, FakeTokenizer()) for row in rows]
   assert all(f["nsp_weights"] == [0] and f["segment_ids"][0] == 1 for f in features)
   assert build_rows(docs, max_seq_length=64, dupe_factor=2, objective="mlm",
                     max_examples_per_row=5) == features  # K plays no part in "mlm".
+
+
+def test_data_modules_import_no_cycle():
+  """No module of bert_jax/data imports one that imports it back, deferred imports included
+  (worker processes import the row builders: a circle there is an import-order bug)."""
+  data_dir = os.path.dirname(packing.__file__)
+  names = {f[:-3] for f in os.listdir(data_dir) if f.endswith(".py") and f != "__init__.py"}
+  graph = {}
+  for name in names:
+    tree = ast.parse(open(os.path.join(data_dir, f"{name}.py")).read())
+    graph[name] = set()
+    for node in ast.walk(tree):
+      if isinstance(node, ast.ImportFrom) and node.module == "bert_jax.data":
+        graph[name] |= {alias.name for alias in node.names} & names
+      elif isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bert_jax.data."):
+        graph[name].add(node.module.split(".")[2])
+  assert graph["packing"] == set()  # The row layout and its types import no other module.
+
+  def reaches(start, target, seen):
+    return any(n == target or (n not in seen and reaches(n, target, seen | {n}))
+               for n in graph[start])
+
+  assert [name for name in sorted(names) if reaches(name, name, set())] == []

@@ -13,7 +13,8 @@ import orbax.checkpoint as ocp
 import pytest
 
 from bert_jax.data import corpus
-from bert_jax.data import examples as ex
+from bert_jax.data import blocks
+from bert_jax.data import builtin
 from bert_jax.data import packing
 from bert_jax.data import pipeline
 from bert_jax.data import prepare
@@ -135,8 +136,8 @@ def test_meta_vocab_and_batch_contract(prepared):
     assert batch[name].dtype == (np.float32 if name == "nsp_weights" else np.int32)
   check_nsp_rows(batch, vocab.cls_id, vocab.sep_id, vocab.pad_id)
   # Our batch decoder agrees with TFDS's per-example decoding.
-  source = tfds_builder.data_source(dataset_dir, ex.TRAIN)
-  raw = tfds_builder.data_source(dataset_dir, ex.TRAIN, raw=True)
+  source = tfds_builder.data_source(dataset_dir, blocks.TRAIN)
+  raw = tfds_builder.data_source(dataset_dir, blocks.TRAIN, raw=True)
   assert_batches_equal([pipeline.decode_records([raw[i] for i in range(5)])],
                        [pipeline.stack_examples([source[i] for i in range(5)])])
 
@@ -146,7 +147,7 @@ def test_block_tokenization_matches_vocab(prepared):
   docs = list(corpus.iter_bert_format(text))[:20] + [["", "Plain words.", " "]]
   expected = [[vocab.encode_with_word_starts(s) for s in doc] for doc in docs]
   expected = [[(ids, starts) for ids, starts in doc if ids] for doc in expected]
-  assert ex.tokenize_documents(docs, vocab) == expected
+  assert blocks.tokenize_documents(docs, vocab) == expected
 
 
 def test_same_seed_same_batches(prepared):
@@ -159,7 +160,7 @@ def test_same_seed_same_batches(prepared):
 
 def test_hosts_disjoint_cover_and_match_one_host(prepared):
   dataset_dir = prepared[0]
-  everything = all_rows(dataset_dir, ex.TRAIN)
+  everything = all_rows(dataset_dir, blocks.TRAIN)
   n = len(everything)
   num_batches = n // 8 + 2
   single = take(train_iterator(dataset_dir), num_batches)
@@ -211,7 +212,7 @@ def test_grain_worker_processes_same_batches_and_resume(prepared):
 
 def test_eval_covers_validation_once(prepared):
   dataset_dir = prepared[0]
-  everything = all_rows(dataset_dir, ex.VALIDATION)
+  everything = all_rows(dataset_dir, blocks.VALIDATION)
   shards = [pipeline.make_eval_batches(dataset_dir, global_batch_size=12, process_index=p,
                                        process_count=3) for p in range(3)]
   assert len({len(s) for s in shards}) == 1  # Every host runs the same number of batches.
@@ -234,14 +235,14 @@ def test_eval_covers_validation_once(prepared):
 def test_tfds_generator_path_matches_streamed_writer(prepared, tmp_path):
   """TFDS's own download_and_prepare of the builder gives the same examples as our writer."""
   dataset_dir, text, vocab = prepared
-  settings = ex.ExampleSettings(max_seq_length=LENGTH, dupe_factor=2, validation_fraction=0.2,
-                                seed=0, max_examples_per_row=SLOTS)
+  settings = blocks.ExampleSettings(max_seq_length=LENGTH, dupe_factor=2,
+                                    validation_fraction=0.2, seed=0, max_examples_per_row=SLOTS)
   builder = tfds_builder.BertPretraining(
       max_seq_length=LENGTH, max_examples_per_row=SLOTS, data_dir=str(tmp_path / "tfds"),
-      examples_fn=lambda split: ex.iter_rows(corpus.iter_bert_format(text), vocab, settings,
-                                             split))
+      examples_fn=lambda split: blocks.iter_rows(corpus.iter_bert_format(text), vocab,
+                                                 settings, split))
   builder.download_and_prepare()
-  for split in ex.SPLITS:
+  for split in blocks.SPLITS:
     source = builder.as_data_source(split=split)
     reference = rows(pipeline.stack_examples([source[i] for i in range(len(source))]))
     assert collections.Counter(reference) == collections.Counter(all_rows(dataset_dir, split))
@@ -303,7 +304,7 @@ def test_mlm_objective_rows(prepared, tmp_path):
   assert (batch["token_type_ids"] == 0).all()
   assert (batch["nsp_weights"] == 0).all() and (batch["next_sentence_label"] == 0).all()
   assert (batch["cls_positions"] == 0).all()
-  everything = all_rows(dataset_dir, ex.VALIDATION)
+  everything = all_rows(dataset_dir, blocks.VALIDATION)
   evaluated = [r for b in pipeline.make_eval_batches(dataset_dir, global_batch_size=8,
                                                      process_index=0, process_count=1)
                for r, w in zip(rows(b), b["example_weight"]) if w]
@@ -372,38 +373,63 @@ def test_bad_inputs(prepared, tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["blank.txt", "full"]  # No half dataset, no temp dir.
 
 
-def test_prepare_builtin_is_cached(tmp_path):
+def test_builtin_is_prepared_once_then_read(tmp_path):
   config = tiny.get_config()
   config.model.vocab_size = 400
   config.data.vocab_model_type = "bpe"
   config.data.builtin_max_mb = 0.15
   config.data.dupe_factor = 1
   config.data.validation_fraction = 0.05
-  dataset_dir = prepare.prepare_builtin(str(tmp_path / "data"), config, num_workers=0)
+  settings = builtin.BuiltinSettings.from_config(config)
+  # The reader only reads: nothing prepared yet is an error, and nothing is written.
+  with pytest.raises(ValueError, match="built-in corpus is not prepared .*ensure_builtin"):
+    pipeline.resolve_dataset(config, str(tmp_path))
+  assert os.listdir(tmp_path) == []
+  dataset_dir = builtin.ensure_builtin(str(tmp_path), settings, num_workers=0)
+  assert dataset_dir == builtin.dataset_dir(str(tmp_path), settings)
+  assert os.path.dirname(dataset_dir) == str(tmp_path / "data")  # <workdir>/data/builtin-<key>.
+  assert os.listdir(tmp_path / "data") == [os.path.basename(dataset_dir)]  # No work dir left.
   meta = prepare.load_meta(dataset_dir)
   assert meta["vocab_size"] == 400 and meta["corpus_fingerprint"]
   assert (meta["objective"], meta["max_examples_per_row"]) == (
       "mlm_nsp", config.data.max_examples_per_row)
   assert meta["splits"]["train"]["rows"] > 100
   stamp = os.path.getmtime(os.path.join(dataset_dir, prepare.META_FILE))
-  found, meta_again = pipeline.resolve_dataset(config, str(tmp_path))  # <workdir>/data.
+  assert builtin.ensure_builtin(str(tmp_path), settings, num_workers=0) == dataset_dir  # Cached.
+  found, meta_again = pipeline.resolve_dataset(config, str(tmp_path))
   assert found == dataset_dir and meta_again == meta
   assert os.path.getmtime(os.path.join(dataset_dir, prepare.META_FILE)) == stamp
-  config.data.dupe_factor = 2  # Another setting: another directory.
-  assert prepare.builtin_cache_key(config, "x") != prepare.builtin_cache_key(tiny.get_config(),
-                                                                             "x")
+
+  # The same dataset prepared into a directory of one's own (launch/prepare_data.py --builtin).
+  own = str(tmp_path / "own")
+  own_meta = builtin.prepare_builtin(own, settings, num_workers=1, flags=builtin.LAUNCHER_FLAGS)
+  assert own_meta["corpus_fingerprint"] == meta["corpus_fingerprint"]
+  assert own_meta["splits"] == meta["splits"] and own_meta["settings"] == meta["settings"]
+  assert _train_records(own) == _train_records(dataset_dir)
 
   def key(**data):
     other = tiny.get_config()
     other.data.update(data)
-    return prepare.builtin_cache_key(other, "x")
+    return builtin.cache_key(builtin.BuiltinSettings.from_config(other), "x")
 
+  assert key() != key(dupe_factor=7)  # Another setting: another directory.
   assert len({key(), key(max_examples_per_row=2), key(objective="mlm")}) == 3
   # "mlm" rows hold one sequence whatever max_examples_per_row says: the same dataset.
   assert key(objective="mlm", max_examples_per_row=2) == key(objective="mlm")
   config.model.vocab_size = 100_000
   with pytest.raises(ValueError, match="--config.model.vocab_size"):
-    prepare.prepare_builtin(str(tmp_path / "data"), config, num_workers=0)
+    builtin.ensure_builtin(str(tmp_path), builtin.BuiltinSettings.from_config(config),
+                           num_workers=0)
+  with pytest.raises(ValueError, match="For launch/prepare_data.py --builtin, this is "
+                                       "--vocab_size .*--builtin_max_mb"):
+    builtin.prepare_builtin(str(tmp_path / "other"), builtin.BuiltinSettings.from_config(config),
+                            num_workers=0, flags=builtin.LAUNCHER_FLAGS)
+  assert sorted(os.listdir(tmp_path)) == ["data", "own"]
+
+
+def _train_records(dataset_dir):
+  source = tfds_builder.data_source(dataset_dir, blocks.TRAIN, raw=True)
+  return [source[i] for i in range(len(source))]
 
 
 def test_launcher_subprocess(tmp_path):
@@ -440,7 +466,11 @@ def test_launcher_subprocess(tmp_path):
   assert exists.returncode == 1 and "--output_dir" in exists.stderr
   no_source = launch(f"--output_dir={other}")
   assert no_source.returncode == 1 and "--input, --tfds_name or --builtin" in no_source.stderr
-  for failed in (missing, too_large, no_rows, exists, no_source):  # One line each, no traceback.
+  # --builtin prepares what training would: its vocabulary is trained on it.
+  builtin_vocab = launch("--builtin", f"--output_dir={other}", f"--vocab={tmp_path / 'v.model'}")
+  assert builtin_vocab.returncode == 1 and "--vocab and --allow_smaller_vocab do not apply" in (
+      builtin_vocab.stderr)
+  for failed in (missing, too_large, no_rows, exists, no_source, builtin_vocab):  # One line each.
     assert failed.stderr.strip().splitlines()[-1].startswith("error: ")
     assert "Traceback" not in failed.stderr
   assert not os.path.exists(other)

@@ -483,9 +483,9 @@ def iter_builtin_docstrings(max_bytes: int = 0, stats: CorpusStats | None = None
   total = 0
   pool = None
   if num_workers > 1:
-    from bert_jax.data import examples  # pylint: disable=g-import-not-at-top  (numpy)
+    from bert_jax.data import workers  # pylint: disable=g-import-not-at-top  (numpy)
 
-    pool = examples.spawn_pool(num_workers)  # Spawned, ignoring Ctrl-C (the parent reacts).
+    pool = workers.spawn_pool(num_workers)  # Spawned, ignoring Ctrl-C (the parent reacts).
     results: Iterable[tuple[int, list[Document]]] = pool.imap(_file_documents, paths,
                                                               chunksize=16)
   else:

@@ -15,21 +15,45 @@ Objective "mlm_nsp": a row holds up to K NSP examples ([CLS] A [SEP] B [SEP] eac
 `pack` (best fit decreasing) from a block's shuffled examples; K = 1 is the unpacked layout.
 Objective "mlm": a row is one FULL-SENTENCES sequence ([CLS] text [SEP], `full_sentence_rows`:
 the documents' contiguous text cut into full rows, [SEP] between documents), K = 1, with
-`nsp_weights` 0 so that the NSP loss and its count are 0.
+`nsp_weights` 0 so that the NSP loss and its count are 0. `examples_per_row` is that rule, the
+one place it is written.
 
-This module is imported by the preparation worker processes: it stays free of TFDS / JAX.
+The types rows are made of (`Segment`, `Document`, `Instance`, `SentencesRow`) live here, so
+that the modules building rows (`nsp`, `blocks`, `records`) import this one and never the
+reverse. Imported by the preparation worker processes: it stays free of TFDS / JAX / numpy.
 """
 
 import bisect
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
-if TYPE_CHECKING:  # Type hints only: examples.py imports this module.
-  from bert_jax.data.examples import Document, Instance
-
+# "mlm_nsp": BERT's NSP pairs, packed K to a row; "mlm": RoBERTa's FULL-SENTENCES rows.
+OBJECTIVES = ("mlm_nsp", "mlm")
 TOKEN_FEATURES = ("input_ids", "token_type_ids", "segment_ids", "position_ids", "word_starts")
 SLOT_FEATURES = ("cls_positions", "next_sentence_label", "nsp_weights")
 NSP_WEIGHTS = "nsp_weights"  # The one float32 feature of a batch (0/1 integers in the records).
+
+# A tokenized sentence: (piece ids, word-start flags), equal lengths.
+Segment = tuple[list[int], list[int]]
+Document = list[Segment]
+
+
+class Instance(NamedTuple):
+  """One NSP pair before padding (the original's `TrainingInstance`, without masking)."""
+
+  ids_a: list[int]
+  word_starts_a: list[int]
+  ids_b: list[int]
+  word_starts_b: list[int]
+  is_random_next: bool
+  target_seq_length: int  # The target drawn for the document (< max_num_tokens: short).
+
+
+def examples_per_row(objective: str, max_examples_per_row: int) -> int:
+  """K, the [K] slots of every row: `max_examples_per_row` NSP examples for "mlm_nsp"; one
+  sequence for "mlm", whatever `max_examples_per_row` says (a FULL-SENTENCES row is one
+  segment)."""
+  return 1 if objective == "mlm" else max_examples_per_row
 
 
 def pack(lengths: Sequence[int], capacity: int, max_per_row: int) -> list[list[int]]:
@@ -83,18 +107,18 @@ def pack(lengths: Sequence[int], capacity: int, max_per_row: int) -> list[list[i
   return rows
 
 
-def instance_length(instance: "Instance") -> int:
+def instance_length(instance: Instance) -> int:
   """Tokens of one NSP example in a row: [CLS] A [SEP] B [SEP]."""
   return len(instance.ids_a) + len(instance.ids_b) + 3
 
 
 def nsp_row_features(
-    instances: Sequence["Instance"], max_seq_length: int, max_examples_per_row: int,
+    instances: Sequence[Instance], max_seq_length: int, max_examples_per_row: int,
     cls_id: int, sep_id: int, pad_id: int,
 ) -> dict[str, list[int]]:
   """The record layout (lists) of a row holding `instances` in order, padded to L and K.
 
-  The reference layout: `examples.RecordSerializer` writes the same values as bytes.
+  The reference layout: `records.RecordSerializer` writes the same values as bytes.
   """
   if not 1 <= len(instances) <= max_examples_per_row:
     raise ValueError(f"a row holds 1 to {max_examples_per_row} examples, got {len(instances)}")
@@ -138,7 +162,7 @@ class SentencesRow(NamedTuple):
 
 
 def full_sentence_rows(
-    documents: Sequence["Document"], max_seq_length: int, sep_id: int
+    documents: Sequence[Document], max_seq_length: int, sep_id: int
 ) -> tuple[list[SentencesRow], int]:
   """RoBERTa's FULL-SENTENCES rows of `documents` (in the order given): (rows, sentences cut).
 

@@ -27,7 +27,8 @@ import numpy as np
 from tensorflow_datasets.proto import tf_example_pb2
 
 from bert_jax import storage
-from bert_jax.data import examples as examples_lib
+from bert_jax.data import blocks
+from bert_jax.data import builtin
 from bert_jax.data import packing
 from bert_jax.data import prepare
 from bert_jax.data import tfds_builder
@@ -50,9 +51,9 @@ def per_host_batch_size(global_batch_size: int, process_count: int) -> int:
 
 def check_dataset_matches(meta: dict[str, Any], vocab_size: int, max_seq_length: int,
                           objective: str, max_examples_per_row: int) -> None:
-  """Refuses a prepared dataset whose vocabulary, sequence length, objective or (objective
-  "mlm_nsp") examples per row differ from the config. "mlm" rows hold one sequence whatever
-  `max_examples_per_row` says, so K is not compared for it."""
+  """Refuses a prepared dataset whose vocabulary, sequence length, objective or examples per row
+  differ from the config. K is the config's `packing.examples_per_row`: 1 for "mlm" rows (one
+  sequence) whatever `max_examples_per_row` says."""
   problems = []
   if int(meta["vocab_size"]) != int(vocab_size):
     problems.append(
@@ -70,7 +71,8 @@ def check_dataset_matches(meta: dict[str, Any], vocab_size: int, max_seq_length:
         f"the dataset was prepared for objective {meta['objective']!r} but "
         f"config.data.objective={objective!r}: set --config.data.objective={meta['objective']} "
         f"(or prepare the data again with --objective={objective})")
-  elif objective != "mlm" and int(meta["max_examples_per_row"]) != int(max_examples_per_row):
+  elif int(meta["max_examples_per_row"]) != packing.examples_per_row(objective,
+                                                                     int(max_examples_per_row)):
     problems.append(
         f"the dataset packs up to {meta['max_examples_per_row']} examples per row but "
         f"config.data.max_examples_per_row={max_examples_per_row}: set "
@@ -82,16 +84,21 @@ def check_dataset_matches(meta: dict[str, Any], vocab_size: int, max_seq_length:
 
 def resolve_dataset(config: ml_collections.ConfigDict, workdir: str) -> tuple[str, dict]:
   """(dataset_dir, meta) for `config.data.source` "builtin" or "prepared", checked vs config
-  and by `check_dataset` (readable shards, a validation split to evaluate on).
+  and by `check_dataset` (readable shards, a validation split to evaluate on). Only reads.
 
-  "builtin" prepares the docstring corpus into `<workdir>/data` on first use (cached); a
-  "prepared" dataset is only read, so `workdir` plays no part (a launcher checks it before it
+  "builtin" is the built-in corpus prepared under `workdir` for the config's settings
+  (`builtin.dataset_dir`; `builtin.ensure_builtin` prepares it, as `bert_jax/train.py` does
+  first). For a "prepared" dataset `workdir` plays no part (a launcher checks it before it
   touches its workdir). A prepared dataset in a bucket is refused here, before any device work,
   with how to mount it: ArrayRecord reads local files only.
   """
   fraction_flag = "--validation_fraction"
   if config.data.source == "builtin":
-    dataset_dir = prepare.prepare_builtin(os.path.join(workdir, "data"), config)
+    dataset_dir = builtin.dataset_dir(workdir, builtin.BuiltinSettings.from_config(config))
+    if not storage.isfile(storage.join(dataset_dir, prepare.META_FILE)):
+      raise ValueError(f"The built-in corpus is not prepared for this config in {dataset_dir}: "
+                       "training prepares it (bert_jax.data.builtin.ensure_builtin) before "
+                       "reading it.")
     fraction_flag = "--config.data.validation_fraction"
   elif config.data.source == "prepared":
     if not config.data.dataset_dir:
@@ -128,10 +135,10 @@ def check_dataset(dataset_dir: str, *, fraction_flag: str = "--validation_fracti
     raise ValueError(f"Prepared dataset {dataset_dir}: its TFDS metadata (dataset_info.json, "
                      f"features.json) cannot be read ({type(e).__name__}: {e}); prepare the "
                      "dataset again.") from e
-  for split in examples_lib.SPLITS:
+  for split in blocks.SPLITS:
     if not sum(splits.get(split, ((), ()))[1]):
       raise ValueError(_empty_split_message(dataset_dir, meta, split, fraction_flag))
-  shards = [(path, expected) for split in examples_lib.SPLITS
+  shards = [(path, expected) for split in blocks.SPLITS
             for path, expected in zip(*splits[split])]
   expected_lengths = (int(meta["max_seq_length"]), int(meta["max_examples_per_row"]))
   with concurrent.futures.ThreadPoolExecutor(min(_CHECK_THREADS, len(shards))) as pool:
@@ -145,7 +152,7 @@ def check_dataset(dataset_dir: str, *, fraction_flag: str = "--validation_fracti
 def _empty_split_message(dataset_dir: str, meta: dict[str, Any], split: str,
                          fraction_flag: str) -> str:
   """Why `split` of a prepared dataset has no rows, and what to prepare instead."""
-  if split == examples_lib.TRAIN:
+  if split == blocks.TRAIN:
     return (f"Prepared dataset {dataset_dir}: the train split has no rows; prepare it again "
             "with more text.")
   fraction = float(meta.get("settings", {}).get("validation_fraction", 0.0))
@@ -154,7 +161,7 @@ def _empty_split_message(dataset_dir: str, meta: dict[str, Any], split: str,
   if fraction <= 0:
     why = "it was prepared with validation_fraction=0"
   elif not documents:
-    why = (f"none of the corpus's {stats.get(examples_lib.TRAIN, {}).get('documents', '?')} "
+    why = (f"none of the corpus's {stats.get(blocks.TRAIN, {}).get('documents', '?')} "
            f"documents fell into validation_fraction={fraction}")
   else:
     why = f"its {documents} validation document(s) made no example"
@@ -277,7 +284,7 @@ def make_train_iterator(
   batch_size = per_host_batch_size(global_batch_size, process_count)
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index={process_index} not in [0, {process_count}).")
-  source = _split_source(dataset_dir, examples_lib.TRAIN)
+  source = _split_source(dataset_dir, blocks.TRAIN)
   # Shuffle and batch record indices globally, keep this host's rows; records are read (only
   # this host's) a batch at a time.
   dataset = grain.MapDataset.range(len(source)).shuffle(seed=seed).repeat(None)
@@ -305,7 +312,7 @@ class EvalBatches:
   def __init__(self, dataset_dir: str, *, global_batch_size: int, process_index: int,
                process_count: int, max_batches: int = 0):
     self.batch_size = per_host_batch_size(global_batch_size, process_count)
-    self._source = _split_source(dataset_dir, examples_lib.VALIDATION)
+    self._source = _split_source(dataset_dir, blocks.VALIDATION)
     self.num_rows = len(self._source)
     self._indices = range(process_index, self.num_rows, process_count)
     longest_shard = math.ceil(self.num_rows / process_count)

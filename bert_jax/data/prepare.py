@@ -8,23 +8,22 @@ A prepared dataset directory (WORKSPACE contract) holds:
 
 Every record is a row of max_seq_length tokens (`packing`): up to K NSP examples (objective
 "mlm_nsp") or one FULL-SENTENCES sequence ("mlm"). The document stream is cut into blocks
-(`examples.iter_document_blocks`); worker processes turn each block into an ArrayRecord file of
-rows (its examples shuffled and packed within the block), a bounded number of blocks in flight,
-so memory stays flat whatever the corpus size. Everything is written into a temporary sibling
-directory that is renamed into place at the end: an interrupted preparation never leaves a
-directory that looks complete. An output directory in a bucket (gs://) is prepared locally, then
-uploaded with its bert_meta.json last, so it too is complete or not a dataset at all (training
-reads it through a gcsfuse mount: ArrayRecord opens local files only).
+(`blocks.iter_document_blocks`); worker processes (`workers.write_blocks`) turn each block into
+an ArrayRecord file of rows (its examples shuffled and packed within the block), a bounded
+number of blocks in flight, so memory stays flat whatever the corpus size. Everything is written
+into a temporary sibling directory that is renamed into place at the end: an interrupted
+preparation never leaves a directory that looks complete. An output directory in a bucket
+(gs://) is prepared locally, then uploaded with its bert_meta.json last, so it too is complete
+or not a dataset at all (training reads it through a gcsfuse mount: ArrayRecord opens local
+files only).
 """
 
-import collections
+import contextlib
 import dataclasses
 import gc
-import hashlib
 import json
 import logging
 import os
-import pickle
 import shutil
 import tempfile
 import time
@@ -32,10 +31,9 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-import ml_collections
-
 from bert_jax import storage
-from bert_jax.data import examples as examples_lib
+from bert_jax.data import blocks
+from bert_jax.data import workers
 
 META_FILE = "bert_meta.json"
 VOCAB_DIR = "vocab"
@@ -64,46 +62,10 @@ def _as_dict(stats: Any) -> dict[str, Any] | None:
   return dict(stats)
 
 
-def _split_summary(stats: examples_lib.BlockStats, max_seq_length: int) -> dict[str, Any]:
+def _split_summary(stats: blocks.BlockStats, max_seq_length: int) -> dict[str, Any]:
   """rows, examples, real_tokens and fill_rate (real tokens / (rows x L)) of one split."""
   return {"rows": stats.rows, "examples": stats.examples, "real_tokens": stats.real_tokens,
           "fill_rate": round(stats.real_tokens / max(stats.rows * max_seq_length, 1), 6)}
-
-
-def _iter_block_results(
-    blocks: Iterable[examples_lib.DocumentBlock],
-    vocab: examples_lib.Tokenizer,
-    settings: examples_lib.ExampleSettings,
-    blocks_dir: str,
-    num_workers: int,
-):
-  """Yields (path, write_block result) per block, in block order.
-
-  With workers, at most 2 * num_workers blocks are in flight, so neither the corpus nor the
-  results pile up in memory. Worker processes are spawned (not forked: the caller may be a
-  multithreaded JAX process) and ignore Ctrl-C (`examples.spawn_pool`): the caller reacts.
-  """
-  def path_of(block: examples_lib.DocumentBlock) -> str:
-    return os.path.join(blocks_dir, f"{block.split}-{block.index:06d}.array_record")
-
-  if num_workers <= 0:
-    for block in blocks:
-      yield path_of(block), examples_lib.write_block(block, settings, path_of(block), vocab)
-    return
-  tokenizer_file = os.path.join(blocks_dir, "tokenizer.pickle")  # Read by each worker.
-  with open(tokenizer_file, "wb") as f:
-    pickle.dump(vocab, f)
-  with examples_lib.spawn_pool(num_workers, examples_lib.init_worker, (tokenizer_file,)) as pool:
-    pending: collections.deque = collections.deque()
-    for block in blocks:
-      pending.append((path_of(block), pool.apply_async(
-          examples_lib.write_block, (block, settings, path_of(block)))))
-      if len(pending) >= 2 * num_workers:
-        path, result = pending.popleft()
-        yield path, result.get()
-    while pending:
-      path, result = pending.popleft()
-      yield path, result.get()
 
 
 def prepare_dataset(
@@ -116,10 +78,10 @@ def prepare_dataset(
     dupe_factor: int = 5,
     validation_fraction: float = 0.01,
     seed: int = 0,
-    objective: str = examples_lib.ExampleSettings.objective,
-    max_examples_per_row: int = examples_lib.ExampleSettings.max_examples_per_row,
+    objective: str = blocks.ExampleSettings.objective,
+    max_examples_per_row: int = blocks.ExampleSettings.max_examples_per_row,
     num_workers: int | None = None,
-    block_chars: int = examples_lib.ExampleSettings.block_chars,
+    block_chars: int = blocks.ExampleSettings.block_chars,
     corpus_stats: Any = None,
     corpus_fingerprint: str = "",
 ) -> dict[str, Any]:
@@ -138,13 +100,13 @@ def prepare_dataset(
   $TMPDIR, which needs room for the whole dataset) and uploaded once complete, bert_meta.json
   last: the bucket holds a complete dataset or none (a failed upload is removed again).
   """
-  settings = examples_lib.ExampleSettings(
+  settings = blocks.ExampleSettings(
       max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
       validation_fraction=validation_fraction, seed=seed, block_chars=block_chars,
       objective=objective, max_examples_per_row=max_examples_per_row)
   settings.validate()
-  if objective == "mlm":  # Recorded as what the rows hold, so the metadata is not misleading.
-    settings = dataclasses.replace(settings, max_examples_per_row=1)
+  # Recorded as what the rows hold ("mlm": 1), so the metadata is not misleading.
+  settings = dataclasses.replace(settings, max_examples_per_row=settings.examples_per_row)
   output_dir = storage.absolute(output_dir)
   check_output_dir(output_dir)
   if num_workers is None:
@@ -182,89 +144,36 @@ def _upload(local_dir: str, output_dir: str) -> None:
 
 
 def _build(output_dir: str, documents_factory: DocumentsFactory, vocab,
-           settings: examples_lib.ExampleSettings, num_workers: int, corpus_stats: Any,
+           settings: blocks.ExampleSettings, num_workers: int, corpus_stats: Any,
            corpus_fingerprint: str) -> dict[str, Any]:
   """`prepare_dataset` into the local `output_dir` (absent or empty): built in a temporary
   sibling directory, renamed into place when complete."""
-  max_seq_length, objective = settings.max_seq_length, settings.objective
-  validation_fraction, block_chars = settings.validation_fraction, settings.block_chars
   parent = os.path.dirname(output_dir)
   os.makedirs(parent, exist_ok=True)
   tmp_dir = os.path.join(
       parent, f".{os.path.basename(output_dir)}.incomplete-{os.getpid()}-{uuid.uuid4().hex[:8]}")
   start = time.time()
-  results = None
   try:  # Whatever ends it (an error, Ctrl-C's KeyboardInterrupt), no temporary directory stays.
     os.makedirs(os.path.join(tmp_dir, _BLOCKS_DIR))
     vocab.save(os.path.join(tmp_dir, VOCAB_DIR))
-    blocks = examples_lib.iter_document_blocks(
-        documents_factory(), validation_fraction=validation_fraction, block_chars=block_chars)
-    split_shards: dict[str, list[tuple[str, int, int]]] = {s: [] for s in examples_lib.SPLITS}
-    split_stats = {s: examples_lib.BlockStats() for s in examples_lib.SPLITS}
-    results = _iter_block_results(
-        blocks, vocab, settings, os.path.join(tmp_dir, _BLOCKS_DIR), num_workers)
-    for path, (split, block_index, num_bytes, stats) in results:
-      split_stats[split].add(stats)
-      if stats.rows:
-        split_shards[split].append((path, stats.rows, num_bytes))
-      chars = sum(s.chars for s in split_stats.values())
-      logging.info("prepare: %s block %d done, %.1f MB of text so far (%.2f MB/s)", split,
-                   block_index, chars / 1e6, chars / 1e6 / max(time.time() - start, 1e-9))
-    for split, stats in split_stats.items():
-      if stats.random_next_to_continuation or stats.random_next_skipped:
-        # A split of one document (its NSP labels all 0): say so rather than skew eval silently.
-        logging.warning(
-            "prepare: %s split (%d documents): %d chunks had no document but their own to draw "
-            "a random next segment from; %d got their real continuation instead, %d (one "
-            "sentence) made no example.", split, stats.documents,
-            stats.random_next_to_continuation + stats.random_next_skipped,
-            stats.random_next_to_continuation, stats.random_next_skipped)
-    if not split_stats[examples_lib.TRAIN].rows:
-      raise ValueError(_no_training_rows(split_stats, settings))
-    if not split_stats[examples_lib.VALIDATION].rows:
-      logging.warning("prepare: %s", _empty_validation(split_stats, settings))
+    split_shards, split_stats = _write_shards(
+        os.path.join(tmp_dir, _BLOCKS_DIR), documents_factory(), vocab, settings, num_workers)
+    _check_splits(split_stats, settings)
 
     from bert_jax.data import tfds_builder  # Deferred: TFDS is a slow import.
 
-    tfds_builder.write_tfds_layout(tmp_dir, max_seq_length, settings.examples_per_row,
+    tfds_builder.write_tfds_layout(tmp_dir, settings.max_seq_length, settings.examples_per_row,
                                    split_shards)
     shutil.rmtree(os.path.join(tmp_dir, _BLOCKS_DIR))
-    seconds = time.time() - start
-    meta = {
-        "format_version": FORMAT_VERSION,
-        "vocab_size": int(vocab.size),
-        "vocab_kind": vocab.kind,
-        "vocab_dir": VOCAB_DIR,
-        "pad_id": int(vocab.pad_id),
-        "unk_id": int(vocab.unk_id),
-        "cls_id": int(vocab.cls_id),
-        "sep_id": int(vocab.sep_id),
-        "mask_id": int(vocab.mask_id),
-        "special_ids": [int(i) for i in vocab.special_ids],
-        "max_seq_length": max_seq_length,
-        "objective": objective,
-        "max_examples_per_row": settings.examples_per_row,  # K: the [K] slots of every row.
-        "settings": dataclasses.asdict(settings),
-        "splits": {s: _split_summary(split_stats[s], max_seq_length)
-                   for s in examples_lib.SPLITS},
-        "stats": {s: dataclasses.asdict(split_stats[s]) for s in examples_lib.SPLITS},
-        "corpus_stats": _as_dict(corpus_stats),
-        "corpus_fingerprint": corpus_fingerprint,
-        "prepare_seconds": round(seconds, 3),
-    }
+    meta = _meta(vocab, settings, split_stats, corpus_stats, corpus_fingerprint,
+                 time.time() - start)
     with open(os.path.join(tmp_dir, META_FILE), "w") as f:
       json.dump(meta, f, indent=2)
     if os.path.isdir(output_dir):
       os.rmdir(output_dir)  # Empty (checked above); fails if someone filled it meanwhile.
     os.rename(tmp_dir, output_dir)
   except BaseException as error:
-    try:
-      if results is not None:
-        # Stops the worker processes (the pool is terminated and joined) before their directory
-        # goes: a worker still writing a block would otherwise recreate files in it.
-        results.close()
-    finally:
-      shutil.rmtree(tmp_dir, ignore_errors=True)
+    shutil.rmtree(tmp_dir, ignore_errors=True)  # The worker pool is stopped (_write_shards).
     if isinstance(error, KeyboardInterrupt) and num_workers > 0:
       # The frames of its traceback hold the worker pool (itself in reference cycles): without
       # them, and collected, the pool's semaphores are released now, even when the process then
@@ -275,20 +184,95 @@ def _build(output_dir: str, documents_factory: DocumentsFactory, vocab,
       gc.collect()
       raise error  # pylint: disable=raise-missing-from
     raise
-  train_chars = split_stats[examples_lib.TRAIN].chars + split_stats[examples_lib.VALIDATION].chars
-  train = meta["splits"][examples_lib.TRAIN]
+  chars = split_stats[blocks.TRAIN].chars + split_stats[blocks.VALIDATION].chars
+  train = meta["splits"][blocks.TRAIN]
   logging.info("prepare: wrote %s (%d train rows holding %d examples, %.1f%% real tokens; %d "
                "validation rows) in %.1f s, %.2f MB/s", output_dir, train["rows"],
                train["examples"], 100 * train["fill_rate"],
-               meta["splits"][examples_lib.VALIDATION]["rows"], seconds,
-               train_chars / 1e6 / max(seconds, 1e-9))
+               meta["splits"][blocks.VALIDATION]["rows"], meta["prepare_seconds"],
+               chars / 1e6 / max(meta["prepare_seconds"], 1e-9))
   return meta
 
 
-def _no_training_rows(split_stats: dict[str, examples_lib.BlockStats],
-                      settings: examples_lib.ExampleSettings) -> str:
+SplitShards = dict[str, list[tuple[str, int, int]]]  # split -> [(path, rows, bytes)].
+
+
+def _write_shards(
+    blocks_dir: str, documents: Iterable[Sequence[str]], vocab,
+    settings: blocks.ExampleSettings, num_workers: int,
+) -> tuple[SplitShards, dict[str, blocks.BlockStats]]:
+  """Every block's ArrayRecord file in `blocks_dir`: (the shards of each split, in block
+  order; each split's counts)."""
+  start = time.time()
+  document_blocks = blocks.iter_document_blocks(
+      documents, validation_fraction=settings.validation_fraction,
+      block_chars=settings.block_chars)
+  split_shards: SplitShards = {s: [] for s in blocks.SPLITS}
+  split_stats = {s: blocks.BlockStats() for s in blocks.SPLITS}
+  # Closed on any error: the worker processes are stopped (the pool is terminated and joined)
+  # before their directory goes, or a worker still writing a block would recreate files in it.
+  with contextlib.closing(workers.write_blocks(
+      document_blocks, vocab, settings, blocks_dir, num_workers)) as results:
+    for path, (split, block_index, num_bytes, stats) in results:
+      split_stats[split].add(stats)
+      if stats.rows:
+        split_shards[split].append((path, stats.rows, num_bytes))
+      chars = sum(s.chars for s in split_stats.values())
+      logging.info("prepare: %s block %d done, %.1f MB of text so far (%.2f MB/s)", split,
+                   block_index, chars / 1e6, chars / 1e6 / max(time.time() - start, 1e-9))
+  return split_shards, split_stats
+
+
+def _check_splits(split_stats: dict[str, blocks.BlockStats],
+                  settings: blocks.ExampleSettings) -> None:
+  """Raises when the train split has no row; warns of an empty validation split and of NSP
+  chunks that had no other document to draw a random next segment from."""
+  for split, stats in split_stats.items():
+    if stats.random_next_to_continuation or stats.random_next_skipped:
+      # A split of one document (its NSP labels all 0): say so rather than skew eval silently.
+      logging.warning(
+          "prepare: %s split (%d documents): %d chunks had no document but their own to draw "
+          "a random next segment from; %d got their real continuation instead, %d (one "
+          "sentence) made no example.", split, stats.documents,
+          stats.random_next_to_continuation + stats.random_next_skipped,
+          stats.random_next_to_continuation, stats.random_next_skipped)
+  if not split_stats[blocks.TRAIN].rows:
+    raise ValueError(_no_training_rows(split_stats, settings))
+  if not split_stats[blocks.VALIDATION].rows:
+    logging.warning("prepare: %s", _empty_validation(split_stats, settings))
+
+
+def _meta(vocab, settings: blocks.ExampleSettings, split_stats: dict[str, blocks.BlockStats],
+          corpus_stats: Any, corpus_fingerprint: str, seconds: float) -> dict[str, Any]:
+  """The dataset's bert_meta.json."""
+  max_seq_length = settings.max_seq_length
+  return {
+      "format_version": FORMAT_VERSION,
+      "vocab_size": int(vocab.size),
+      "vocab_kind": vocab.kind,
+      "vocab_dir": VOCAB_DIR,
+      "pad_id": int(vocab.pad_id),
+      "unk_id": int(vocab.unk_id),
+      "cls_id": int(vocab.cls_id),
+      "sep_id": int(vocab.sep_id),
+      "mask_id": int(vocab.mask_id),
+      "special_ids": [int(i) for i in vocab.special_ids],
+      "max_seq_length": max_seq_length,
+      "objective": settings.objective,
+      "max_examples_per_row": settings.examples_per_row,  # K: the [K] slots of every row.
+      "settings": dataclasses.asdict(settings),
+      "splits": {s: _split_summary(split_stats[s], max_seq_length) for s in blocks.SPLITS},
+      "stats": {s: dataclasses.asdict(split_stats[s]) for s in blocks.SPLITS},
+      "corpus_stats": _as_dict(corpus_stats),
+      "corpus_fingerprint": corpus_fingerprint,
+      "prepare_seconds": round(seconds, 3),
+  }
+
+
+def _no_training_rows(split_stats: dict[str, blocks.BlockStats],
+                      settings: blocks.ExampleSettings) -> str:
   """Why the corpus gave the train split no row, and what to change."""
-  train, validation = split_stats[examples_lib.TRAIN], split_stats[examples_lib.VALIDATION]
+  train, validation = split_stats[blocks.TRAIN], split_stats[blocks.VALIDATION]
   if not train.documents and not validation.documents:
     return ("The corpus produced no training examples (no document with a tokenized sentence); "
             "check the input flags (--input / --tfds_name / --builtin).")
@@ -303,14 +287,14 @@ def _no_training_rows(split_stats: dict[str, examples_lib.BlockStats],
           "--input_format=paragraphs), or prepare for --objective=mlm.")
 
 
-def _empty_validation(split_stats: dict[str, examples_lib.BlockStats],
-                      settings: examples_lib.ExampleSettings) -> str:
+def _empty_validation(split_stats: dict[str, blocks.BlockStats],
+                      settings: blocks.ExampleSettings) -> str:
   """The warning of a dataset without validation rows: training refuses it."""
-  documents = split_stats[examples_lib.VALIDATION].documents
+  documents = split_stats[blocks.VALIDATION].documents
   if settings.validation_fraction <= 0:
     why = "--validation_fraction=0"
   elif not documents:
-    why = (f"none of the corpus's {split_stats[examples_lib.TRAIN].documents} documents fell "
+    why = (f"none of the corpus's {split_stats[blocks.TRAIN].documents} documents fell "
            f"into --validation_fraction={settings.validation_fraction}")
   else:
     why = f"its {documents} document(s) made no example"
@@ -345,84 +329,3 @@ def load_vocab(dataset_dir: str):
 
   meta = load_meta(dataset_dir)
   return vocab_lib.Vocab.load(storage.join(dataset_dir, meta.get("vocab_dir", VOCAB_DIR)))
-
-
-def spool_documents(documents: Iterable[Sequence[str]], path: str) -> None:
-  """Writes documents in google-research/bert's format (a sentence a line, blank line between)."""
-  with open(path, "w", encoding="utf-8") as f:
-    for document in documents:
-      lines = [" ".join(s.split()) for s in document]
-      lines = [line for line in lines if line]
-      if lines:
-        f.write("\n".join(lines) + "\n\n")
-
-
-def builtin_cache_key(config: ml_collections.ConfigDict, fingerprint: str) -> str:
-  """What makes a built-in dataset differ: corpus fingerprint and every data/vocab setting."""
-  key = {
-      "format_version": FORMAT_VERSION,
-      "fingerprint": fingerprint,
-      "vocab_size": int(config.model.vocab_size),
-      "vocab_model_type": str(config.data.vocab_model_type),
-      "builtin_max_mb": float(config.data.builtin_max_mb),
-      "max_seq_length": int(config.data.max_seq_length),
-      "short_seq_prob": float(config.data.short_seq_prob),
-      "dupe_factor": int(config.data.dupe_factor),
-      "validation_fraction": float(config.data.validation_fraction),
-      "objective": str(config.data.objective),
-      # "mlm" rows hold one sequence whatever max_examples_per_row says: same dataset.
-      "examples_per_row": (1 if config.data.objective == "mlm"
-                           else int(config.data.max_examples_per_row)),
-      "seed": int(config.seed),
-  }
-  return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-
-
-def prepare_builtin(
-    cache_dir: str, config: ml_collections.ConfigDict, num_workers: int | None = None
-) -> str:
-  """Prepares (once) the built-in docstring corpus with `config`'s settings; returns its dir.
-
-  The directory is `<cache_dir>/builtin-<key>`, keyed by the corpus fingerprint and the
-  settings, so a second call (or a concurrent one that lost the race) returns at once.
-  """
-  from bert_jax.data import corpus
-  from bert_jax.data import vocab as vocab_lib
-
-  fingerprint = corpus.builtin_corpus_fingerprint()
-  dataset_dir = os.path.join(os.path.abspath(cache_dir),
-                             f"builtin-{builtin_cache_key(config, fingerprint)}")
-  if os.path.isfile(os.path.join(dataset_dir, META_FILE)):
-    return dataset_dir
-  os.makedirs(cache_dir, exist_ok=True)
-  max_bytes = int(float(config.data.builtin_max_mb) * 1e6)
-  with tempfile.TemporaryDirectory(dir=cache_dir, prefix=".builtin-work-") as work_dir:
-    # Parsing the docstrings of every installed module is the slow part: do it once, then read
-    # the spooled text twice (vocabulary, examples).
-    spool = os.path.join(work_dir, "corpus.txt")
-    reader_stats = corpus.CorpusStats()
-    spool_documents(corpus.iter_builtin_docstrings(max_bytes, reader_stats), spool)
-    try:
-      vocab = vocab_lib.train_sentencepiece(
-          corpus.iter_sentences(corpus.iter_bert_format(spool)),
-          os.path.join(work_dir, "sentencepiece"), int(config.model.vocab_size),
-          str(config.data.vocab_model_type), source="the built-in corpus")
-    except ValueError as e:
-      raise ValueError(f"Built-in corpus ({reader_stats.documents} documents): {e} For "
-                       "training, this is --config.model.vocab_size (or give more text with "
-                       "--config.data.builtin_max_mb).") from e
-    try:
-      prepare_dataset(
-          dataset_dir, lambda: corpus.iter_bert_format(spool), vocab,
-          max_seq_length=int(config.data.max_seq_length),
-          short_seq_prob=float(config.data.short_seq_prob),
-          dupe_factor=int(config.data.dupe_factor),
-          validation_fraction=float(config.data.validation_fraction),
-          seed=int(config.seed), objective=str(config.data.objective),
-          max_examples_per_row=int(config.data.max_examples_per_row), num_workers=num_workers,
-          corpus_stats=reader_stats, corpus_fingerprint=fingerprint)
-    except (OSError, ValueError):
-      if os.path.isfile(os.path.join(dataset_dir, META_FILE)):
-        return dataset_dir  # Another process prepared the same dataset first.
-      raise
-  return dataset_dir

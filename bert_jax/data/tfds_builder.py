@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
-from bert_jax.data import examples as examples_lib
+from bert_jax.data import blocks
 from bert_jax.data import packing
 
 VERSION = "3.0.0"  # Follows prepare.FORMAT_VERSION.
@@ -78,7 +78,7 @@ class BertPretraining(tfds.core.GeneratorBasedBuilder, skip_registration=True):
 
   def _split_generators(self, dl_manager) -> dict[str, Iterator[tuple[int, Mapping[str, Any]]]]:
     del dl_manager
-    return {split: self._generate_examples(split) for split in examples_lib.SPLITS}
+    return {split: self._generate_examples(split) for split in blocks.SPLITS}
 
   def _generate_examples(self, split: str) -> Iterator[tuple[int, Mapping[str, Any]]]:
     if self._examples_fn is None:

@@ -1,0 +1,151 @@
+"""The corpora `launch/prepare_data.py` prepares, from its flags to a prepared dataset: text files
+(--input), a TFDS text dataset (--tfds_name) or the built-in docstring corpus (--builtin, by
+`builtin.prepare_builtin`: the dataset training prepares for the same settings), each with its
+fingerprint, and the vocabulary given (--vocab) or trained on the corpus.
+"""
+
+import dataclasses
+import hashlib
+import logging
+import os
+import tempfile
+from collections.abc import Callable, Iterator, Sequence
+from typing import Any
+
+from bert_jax.data import blocks
+from bert_jax.data import builtin
+from bert_jax.data import corpus
+from bert_jax.data import prepare
+from bert_jax.data import vocab as vocab_lib
+
+
+@dataclasses.dataclass(frozen=True)
+class CorpusSource:
+  """The corpus to prepare: exactly one of `input`, `tfds_name` and `builtin`."""
+
+  input: Sequence[str] = ()  # Files or globs.
+  # "bert": a sentence a line, blank line between documents; "paragraphs": plain text,
+  # blank-line-separated documents split into sentences.
+  input_format: str = "bert"
+  tfds_name: str = ""
+  tfds_split: str = "train"
+  tfds_field: str = "text"
+  tfds_data_dir: str | None = None
+  builtin: bool = False
+  builtin_max_mb: float = 0.0  # Cap on the built-in corpus text in MB (0: all of it).
+
+
+@dataclasses.dataclass(frozen=True)
+class VocabSource:
+  """The vocabulary: an existing one (`path`, anything `Vocab.load` reads), or a sentencepiece
+  vocabulary of `size` trained on the corpus (`allow_smaller`: the largest the corpus supports
+  when it cannot support `size`)."""
+
+  path: str = ""
+  size: int = 30522
+  model_type: str = "unigram"
+  allow_smaller: bool = False
+
+
+def prepare_corpus(
+    output_dir: str, source: CorpusSource, vocab: VocabSource,
+    settings: blocks.ExampleSettings, *, num_workers: int | None = None,
+) -> dict[str, Any]:
+  """Prepares `source` into `output_dir` (new or empty, local or gs://); returns the metadata
+  written. Every check that needs no corpus (output directory, settings, the choice of source,
+  missing files) runs before any slow work."""
+  if not output_dir:
+    raise ValueError("--output_dir is required.")
+  prepare.check_output_dir(output_dir)
+  settings.validate()
+  chosen = [name for name, given in (("--input", bool(source.input)),
+                                     ("--tfds_name", bool(source.tfds_name)),
+                                     ("--builtin", source.builtin)) if given]
+  if len(chosen) != 1:
+    raise ValueError("Give exactly one corpus source: --input, --tfds_name or --builtin "
+                     f"(got {', '.join(chosen) or 'none'}).")
+  if source.builtin:
+    meta = builtin.prepare_builtin(output_dir, _builtin_settings(source, vocab, settings),
+                                   num_workers=num_workers, flags=builtin.LAUNCHER_FLAGS)
+  else:
+    documents, stats, fingerprint, named = _documents(source)
+    with tempfile.TemporaryDirectory(prefix="bert_jax_prepare_") as work_dir:
+      meta = prepare.prepare_dataset(
+          output_dir, documents, _vocab(vocab, documents, work_dir, named),
+          **dataclasses.asdict(settings), num_workers=num_workers, corpus_stats=stats,
+          corpus_fingerprint=fingerprint)
+  invalid_bytes = (meta["corpus_stats"] or {}).get("invalid_bytes")
+  if invalid_bytes:
+    logging.warning("%d bytes of the corpus were not valid UTF-8 (replaced by U+FFFD).",
+                    invalid_bytes)
+  return meta
+
+
+def describe(output_dir: str, meta: dict[str, Any]) -> str:
+  """One line on a prepared dataset: rows, examples, fill rate, vocabulary, layout, time."""
+  train, validation = meta["splits"]["train"], meta["splits"]["validation"]
+  return (f"Prepared {output_dir} ({meta['objective']}): {train['rows']} train rows "
+          f"({train['examples']} examples, {train['fill_rate']:.1%} real tokens) / "
+          f"{validation['rows']} validation rows, vocab {meta['vocab_size']} "
+          f"({meta['vocab_kind']}), max_seq_length {meta['max_seq_length']}, up to "
+          f"{meta['max_examples_per_row']} examples per row, {meta['prepare_seconds']:.1f} s.")
+
+
+def _builtin_settings(source: CorpusSource, vocab: VocabSource,
+                      settings: blocks.ExampleSettings) -> builtin.BuiltinSettings:
+  """The built-in dataset of these flags; it trains its vocabulary as training does."""
+  if vocab.path or vocab.allow_smaller:
+    raise ValueError("--builtin prepares the dataset training prepares for the same settings, "
+                     "with a sentencepiece vocabulary trained on the corpus (--vocab_size, "
+                     "--vocab_model_type): --vocab and --allow_smaller_vocab do not apply.")
+  return builtin.BuiltinSettings(
+      vocab_size=vocab.size, vocab_model_type=vocab.model_type, max_mb=source.builtin_max_mb,
+      max_seq_length=settings.max_seq_length, short_seq_prob=settings.short_seq_prob,
+      dupe_factor=settings.dupe_factor, validation_fraction=settings.validation_fraction,
+      objective=settings.objective, max_examples_per_row=settings.max_examples_per_row,
+      seed=settings.seed)
+
+
+def _documents(source: CorpusSource) -> tuple[
+    Callable[[], Iterator[corpus.Document]], Callable[[], corpus.CorpusStats], str, str]:
+  """(documents factory, the stats of its latest pass, fingerprint, the flag that named it) of
+  files or a TFDS dataset. Missing files fail here, naming the file or glob."""
+  holder = {"stats": corpus.CorpusStats()}
+
+  def fresh_stats() -> corpus.CorpusStats:
+    holder["stats"] = corpus.CorpusStats()
+    return holder["stats"]
+
+  if source.tfds_name:
+    def documents() -> Iterator[corpus.Document]:
+      return corpus.iter_tfds_text(source.tfds_name, source.tfds_split, source.tfds_field,
+                                   data_dir=source.tfds_data_dir, stats=fresh_stats())
+    fingerprint = f"tfds:{source.tfds_name}/{source.tfds_split}/{source.tfds_field}"
+    named = (f"--tfds_name={source.tfds_name} (split {source.tfds_split}, field "
+             f"{source.tfds_field})")
+    return documents, lambda: holder["stats"], fingerprint, named
+
+  paths = corpus.expand_paths(source.input)
+  reader = (corpus.iter_bert_format if source.input_format == "bert"
+            else corpus.iter_paragraph_text)
+  digest = hashlib.sha256()
+  for path in paths:
+    digest.update(f"{os.path.abspath(path)}\t{os.path.getsize(path)}\n".encode())
+
+  def documents() -> Iterator[corpus.Document]:
+    return reader(paths, fresh_stats())
+  return (documents, lambda: holder["stats"], f"files:{digest.hexdigest()[:16]}",
+          f"--input={','.join(source.input)}")
+
+
+def _vocab(vocab: VocabSource, documents: Callable[[], Iterator[corpus.Document]],
+           work_dir: str, named: str) -> vocab_lib.Vocab:
+  """The given vocabulary, or a sentencepiece one trained on a pass over `documents`."""
+  if vocab.path:
+    loaded = vocab_lib.Vocab.load(vocab.path)
+    logging.info("Using vocabulary %s", loaded)
+    return loaded
+  logging.info("Training a %s sentencepiece vocabulary of %d", vocab.model_type, vocab.size)
+  return vocab_lib.train_sentencepiece(
+      corpus.iter_sentences(documents()), os.path.join(work_dir, "sentencepiece"), vocab.size,
+      vocab.model_type, allow_smaller_vocab=vocab.allow_smaller, source=named)
