@@ -1,5 +1,6 @@
 """TensorFlow tensor bundles (TF1/TF2 "V2" checkpoints, e.g. google-research/bert's
-`bert_model.ckpt`) read with numpy alone: TensorFlow is not a dependency.
+`bert_model.ckpt`) read with numpy, google-crc32c (checksums) and cramjam (snappy blocks):
+TensorFlow is not a dependency.
 
 A bundle is `<prefix>.index`, a leveldb-format table (data blocks of prefix-compressed key/value
 entries with restart points, an index block, a 48-byte footer) mapping each variable name to a
@@ -21,6 +22,8 @@ import re
 import struct
 from typing import BinaryIO
 
+import cramjam
+import google_crc32c
 import numpy as np
 
 from bert_jax import storage
@@ -43,70 +46,10 @@ _MAX_SHARDS = 1 << 20
 # ---------------------------------------------------------------------------------- crc32c
 
 
-def _crc_tables() -> np.ndarray:
-  """[4, 256] tables of the reflected Castagnoli CRC, for four bytes per step ("slicing-by-4")."""
-  table = np.arange(256, dtype=np.uint32)
-  for _ in range(8):
-    table = np.where(table & 1, (table >> 1) ^ np.uint32(0x82F63B78), table >> 1)
-  tables = [table.astype(np.uint32)]
-  for _ in range(3):
-    tables.append((tables[-1] >> np.uint32(8)) ^ tables[0][tables[-1] & np.uint32(0xFF)])
-  return np.stack(tables)
-
-
-_CRC_TABLES = _crc_tables()
-_CRC_TABLE = _CRC_TABLES[0]
-
-
-def _apply(columns: np.ndarray, values: np.ndarray) -> np.ndarray:
-  """A GF(2)-linear map on 32-bit CRC states (column i = image of bit i), applied to `values`."""
-  out = np.zeros_like(values)
-  for bit in range(32):
-    out ^= np.where((values >> np.uint32(bit)) & np.uint32(1), columns[bit], np.uint32(0))
-  return out
-
-
-def crc32c(data: bytes | memoryview | np.ndarray) -> int:
-  """CRC-32C (Castagnoli) of `data`, vectorised with numpy (~1 s per 100 MB).
-
-  The bytes are cut into equal chunks whose CRCs (with a zero initial state, which makes the
-  CRC linear) are computed side by side, then combined pairwise: crc(A+B) = shift(crc(A), |B|)
-  xor crc(B), where shifting over |B| zero bytes is a 32x32 bit matrix squared level by level.
-  Leading zero bytes do not change a zero-initialised CRC, so padding goes in front.
-  """
-  arr = np.frombuffer(data, dtype=np.uint8) if not isinstance(data, np.ndarray) else \
-      data.reshape(-1).view(np.uint8)
-  n = arr.size
-  if n < 4:
-    crc = 0xFFFFFFFF
-    for byte in arr.tolist():
-      crc = int(_CRC_TABLE[(crc ^ byte) & 0xFF]) ^ (crc >> 8)
-    return crc ^ 0xFFFFFFFF
-  arr = arr.copy()
-  arr[:4] ^= 0xFF  # The initial state 0xFFFFFFFF, folded into the first four bytes.
-  chunk = 64
-  while n > chunk * 65536:
-    chunk *= 2
-  num_chunks = 1 << max(0, int(np.ceil(np.log2(-(-n // chunk)))))
-  padded = np.zeros(num_chunks * chunk, dtype=np.uint8)
-  padded[padded.size - n:] = arr
-  words = padded.view("<u4").reshape(num_chunks, chunk // 4)
-  state = np.zeros(num_chunks, dtype=np.uint32)
-  low = np.uint32(0xFF)
-  for j in range(chunk // 4):  # Four bytes of every chunk per step.
-    s = state ^ words[:, j]
-    state = (np.take(_CRC_TABLES[3], s & low) ^ np.take(_CRC_TABLES[2], (s >> np.uint32(8)) & low)
-             ^ np.take(_CRC_TABLES[1], (s >> np.uint32(16)) & low)
-             ^ np.take(_CRC_TABLES[0], s >> np.uint32(24)))
-  basis = np.uint32(1) << np.arange(32, dtype=np.uint32)
-  shift = _CRC_TABLE[basis & np.uint32(0xFF)] ^ (basis >> np.uint32(8))  # One zero byte.
-  length = 1
-  while length < chunk:
-    shift, length = _apply(shift, shift), length * 2
-  while state.size > 1:
-    state = _apply(shift, state[0::2]) ^ state[1::2]
-    shift = _apply(shift, shift)
-  return int(state[0]) ^ 0xFFFFFFFF
+def crc32c(data: bytes) -> int:
+  """CRC-32C (Castagnoli) of `data` (bytes or a numpy array: google_crc32c refuses writable
+  buffers such as bytearray and memoryview), with the CPU's CRC instruction where it has one."""
+  return google_crc32c.value(data)
 
 
 def mask_crc(crc: int) -> int:
@@ -197,40 +140,21 @@ class BundleEntry:
 # ------------------------------------------------------------------------- leveldb table format
 
 
+# cramjam allocates the length a snappy block's header claims before decoding, so a damaged
+# header must not reach it with gigabytes. Raw snappy's densest element, a 3-byte copy, yields
+# 64 bytes: no real block decodes to more than 22 times its size.
+_SNAPPY_MAX_EXPANSION = 22
+
+
 def _snappy_decompress(data: bytes) -> bytes:
-  """Raw snappy (no framing): a varint length, then literal and back-reference copy elements."""
-  length, pos = _read_varint(data, 0)
-  out = bytearray()
-  while pos < len(data):
-    tag = data[pos]
-    pos += 1
-    kind = tag & 3
-    if kind == 0:  # Literal; lengths over 60 are stored in the next 1-4 bytes.
-      size = tag >> 2
-      if size >= 60:
-        extra = size - 59
-        size = int.from_bytes(data[pos:pos + extra], "little")
-        pos += extra
-      size += 1
-      out += data[pos:pos + size]
-      pos += size
-      continue
-    if kind == 1:
-      size, offset = ((tag >> 2) & 7) + 4, ((tag >> 5) << 8) | data[pos]
-      pos += 1
-    elif kind == 2:
-      size, offset = (tag >> 2) + 1, int.from_bytes(data[pos:pos + 2], "little")
-      pos += 2
-    else:
-      size, offset = (tag >> 2) + 1, int.from_bytes(data[pos:pos + 4], "little")
-      pos += 4
-    if not 0 < offset <= len(out):
-      raise ValueError("bad snappy back-reference")
-    for _ in range(size):  # Copies may overlap their own output.
-      out.append(out[-offset])
-  if len(out) != length:
-    raise ValueError(f"snappy block decodes to {len(out)} bytes, header says {length}")
-  return bytes(out)
+  """Raw snappy (no framing), as leveldb tables compress blocks."""
+  try:
+    length = cramjam.snappy.decompress_raw_len(data)
+    if length > _SNAPPY_MAX_EXPANSION * len(data):
+      raise ValueError(f"a {len(data)}-byte snappy block claims to decode to {length} bytes")
+    return bytes(cramjam.snappy.decompress_raw(data))
+  except cramjam.DecompressionError as e:  # A ValueError, the reader reports it naming the index.
+    raise ValueError(f"bad snappy block ({e})") from e
 
 
 def _read_block(index_bytes: bytes, offset: int, size: int) -> bytes:
