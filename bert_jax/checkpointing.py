@@ -33,6 +33,7 @@ from jax.experimental import multihost_utils
 
 from bert_jax import checkpoint_integrity, storage, workdir_lock
 from bert_jax.data.vocab import Vocab
+from bert_jax.model import ARCHITECTURE, SHAPE, BertConfig
 from bert_jax.stop_signals import StopSignals, interruptible
 
 CHECKPOINTS_DIR = "checkpoints"
@@ -90,6 +91,15 @@ class VocabRestore(ocp.args.CheckpointArgs):
 
 
 # ------------------------------------------------------------------- training checkpoints
+
+
+@dataclasses.dataclass(frozen=True)
+class LegacyLayout:
+  """How a state saved in an older params layout is recognised and converted (the params layout
+  is `bert_jax.weights.layout`'s; the trainer hands its functions over)."""
+  is_old: Callable[[Any], bool]  # Saved tree (orbax metadata) -> in the older layout?
+  to_old: Callable[[Any], Any]  # Abstract state of today's layout -> the older layout's.
+  from_old: Callable[[Any], Any]  # Restored state of the older layout -> today's.
 
 
 class CheckpointSaveError(OSError):
@@ -256,21 +266,23 @@ class Checkpointer:
   def read_meta(self, step: int) -> dict[str, Any]:
     return read_meta(storage.join(self.directory, str(step)))
 
-  def restore(self, abstract_state) -> tuple[int, Any, bytes] | None:
+  def restore(self, abstract_state, legacy: "LegacyLayout | None" = None
+              ) -> tuple[int, Any, bytes] | None:
     """-> (step, state with the shardings of `abstract_state`, this process's iterator state) of
     the newest checkpoint that restores, or None when there is none. A checkpoint that verified
-    (or had no record) but cannot be read is damaged too: set aside, and the next one tried."""
+    (or had no record) but cannot be read is damaged too: set aside, and the next one tried.
+    A checkpoint whose state is in an older params layout (`legacy.is_old`) is read in that
+    layout and converted."""
     while self._resume_step is not None:
-      step, restored = self._resume_step, None
+      step, state = self._resume_step, None
       try:
-        restored = self.manager.restore(step, args=ocp.args.Composite(
-            state=ocp.args.StandardRestore(abstract_state)))
+        state = self._restore_state(step, abstract_state, legacy)
         error = ""
       except Exception as e:  # pylint: disable=broad-except  (tensorstore, orbax, OS errors)
         logging.info("Restoring checkpoint %d failed", step, exc_info=True)
         error = " ".join(str(e).split())[:300] or type(e).__name__
       if not _any_process(bool(error)):
-        return step, restored["state"], self._read_data_state(step)
+        return step, state, self._read_data_state(step)
       step_dir = storage.join(self.directory, str(step))
       reason = f"it cannot be restored ({error or 'on another process'})"
       if self.on_damaged == "fail":
@@ -283,6 +295,19 @@ class Checkpointer:
       self._resume_step = _select_step(self.directory, self.on_damaged)
       self.manager.reload()  # orbax's own list of steps, without the one set aside.
     return None
+
+  def _restore_state(self, step: int, abstract_state, legacy: "LegacyLayout | None"):
+    """The state of checkpoint `step`, in the layout and shardings of `abstract_state`."""
+    old = legacy is not None and legacy.is_old(saved_tree(storage.join(self.directory, str(step),
+                                                                         "state")))
+    target = legacy.to_old(abstract_state) if old else abstract_state
+    state = self.manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(target)))["state"]
+    if not old:
+      return state
+    logging.info("Checkpoint %d holds the params layout of an older bert_jax: converted", step)
+    shardings = jax.tree.map(lambda leaf: leaf.sharding, abstract_state)
+    return jax.device_put(legacy.from_old(state), shardings)
 
   def _read_data_state(self, step: int) -> bytes:
     """This process's iterator state. A checkpoint from another number of processes is
@@ -479,13 +504,19 @@ def save_tree(directory: str, tree) -> None:
     checkpointer.wait_until_finished()
 
 
+def saved_tree(directory: str):
+  """The tree structure (orbax's value metadata) of an orbax PyTree checkpoint, read from its
+  metadata file alone."""
+  # The handler's metadata: the tree alone (the checkpointer's also looks for step metadata,
+  # which lives one level up in a training checkpoint, and warns that it is missing).
+  return ocp.PyTreeCheckpointHandler().metadata(epath.Path(directory))
+
+
 def restore_tree(directory: str, subtree: str | None = None) -> dict:
   """An orbax PyTree checkpoint (or one subtree of it, e.g. a TrainState's `params`) as numpy,
   without knowing the rest of its structure."""
   try:
-    # The handler's metadata: the tree alone (the checkpointer's also looks for step metadata,
-    # which lives one level up in a training checkpoint, and warns that it is missing).
-    tree = ocp.PyTreeCheckpointHandler().metadata(epath.Path(directory))
+    tree = saved_tree(directory)
     if subtree is not None:
       if subtree not in tree:
         raise ValueError(f"no '{subtree}' in the checkpoint (it holds {sorted(tree)})")
@@ -501,15 +532,15 @@ def restore_tree(directory: str, subtree: str | None = None) -> dict:
 # ------------------------------------------------------------------------------ checks
 
 
-SHAPE_FIELDS = ("vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads",
-                "intermediate_size", "max_position_embeddings", "type_vocab_size")
-
-
 def check_compatible(saved_model_config: dict[str, Any], model_config: dict[str, Any],
                      where: str) -> None:
-  """Refuses to resume (or initialise) from a checkpoint of a different model shape."""
-  diffs = [f"{k}: checkpoint {saved_model_config.get(k)} vs config {model_config[k]}"
-           for k in SHAPE_FIELDS if saved_model_config.get(k) != model_config[k]]
+  """Refuses to resume (or initialise) from a checkpoint of a different model: another shape or
+  architecture (`BertConfig`'s fields of those roles; a field the checkpoint predates has its
+  default there). Run fields (dtypes, dropout, kernels, padding) may differ."""
+  defaults = {f.name: f.default for f in dataclasses.fields(BertConfig)}
+  diffs = [f"{k}: checkpoint {saved_model_config.get(k, defaults[k])} vs config {model_config[k]}"
+           for k in BertConfig.fields_of(SHAPE, ARCHITECTURE)
+           if saved_model_config.get(k, defaults[k]) != model_config[k]]
   if diffs:
     raise ValueError(f"The checkpoint in {where} is of a different model ("
                      + "; ".join(diffs) + "). Use another --workdir, or set config.model "

@@ -99,13 +99,16 @@ def probability() -> Check:
   return number(0.0, 1.0)
 
 
-def one_of(choices: tuple[str, ...] | list[str]) -> Check:
-  choices = tuple(choices)
+def one_of(choices) -> Check:
+  """A name among `choices`: a sequence, or a registry dict read at check time (a block
+  registered after import, e.g. by a test or a user's module, is accepted)."""
+  fixed = None if isinstance(choices, dict) else tuple(choices)
 
   def check(value: Any) -> str | None:
-    if isinstance(value, str) and value in choices:
+    names = fixed if fixed is not None else tuple(choices)
+    if isinstance(value, str) and value in names:
       return None
-    return "must be one of " + ", ".join(repr(c) for c in choices)
+    return "must be one of " + ", ".join(repr(c) for c in names)
   return check
 
 
@@ -189,7 +192,7 @@ def _model_rules(vocab_size: Check) -> dict[str, Check]:
       "model.num_hidden_layers": integer(1),
       "model.num_attention_heads": integer(1),
       "model.intermediate_size": integer(1),
-      "model.hidden_act": one_of(model.HIDDEN_ACTS),
+      "model.hidden_act": one_of(model.ACTIVATIONS),
       "model.hidden_dropout_prob": probability(),
       "model.attention_probs_dropout_prob": probability(),
       "model.max_position_embeddings": integer(1),
@@ -203,6 +206,10 @@ def _model_rules(vocab_size: Check) -> dict[str, Check]:
       "model.attention_impl": one_of(model.ATTENTION_IMPLS),
       "model.vocab_pad_multiple": integer(1, "1: no padding"),
       "model.dropout_rng": one_of(model.DROPOUT_RNGS),
+      "model.position_embedding": one_of(model.POSITION_BLOCKS),
+      "model.mlp": one_of(model.MLP_BLOCKS),
+      "model.norm_placement": one_of(model.NORM_PLACEMENTS),
+      "model.remat": one_of(model.REMAT_POLICIES),
   }
 
 

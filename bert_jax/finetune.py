@@ -19,7 +19,8 @@ import jax
 from bert_jax import config_checks, finetune_data, sharding, storage, tasks, trainer
 from bert_jax.data.vocab import Vocab
 from bert_jax.metrics_writer import console
-from bert_jax.model import BertConfig, num_params
+from bert_jax.model import BertConfig
+from bert_jax.weights.layout import num_params
 
 FINAL_EVAL_FILE = "final_eval.json"
 

@@ -1,22 +1,36 @@
-"""FLOPs of BERT pretraining, counted for an encoder: bidirectional attention (the full L x L
-score matrix, no causal halving) and the MLM head at the P gathered positions only, over the real
-vocabulary (`vocab_size`; the rows of `vocab_pad_multiple` padding are layout, not model work)."""
+"""FLOPs of BERT pretraining, counted for an encoder and derived from the model's own params: every
+kernel of the encoder layers is one matmul per token, attention adds its score and weighting
+matmuls (bidirectional: the full L x L score matrix, no causal halving), and the MLM head runs at
+the P gathered positions only, over the real vocabulary (`vocab_size`; the rows of
+`vocab_pad_multiple` padding are layout, not model work). A new block (a gated MLP, another
+attention) is counted as it is, with no formula to restate."""
 
+import math
 from collections.abc import Sequence
 from typing import Any
 
-from bert_jax.model import BertConfig
+from bert_jax.model import BertConfig, param_shapes
+
+_LAYERS = ("bert", "encoder", "layers")
+
+
+def _kernel_weights(shapes: dict[tuple[str, ...], tuple[int, ...]], prefix: tuple[str, ...]) -> int:
+  """Weights of the matmul kernels under `prefix` (all layers of a stacked prefix together)."""
+  return sum(math.prod(shape) for path, shape in shapes.items()
+             if path[:len(prefix)] == prefix and path[-1] == "kernel")
 
 
 def forward_flops_per_sequence(config: BertConfig, seq_len: int, num_predictions: int) -> float:
   """Matmul FLOPs (2 per multiply-add) of one forward pass over one sequence."""
-  h, f, v, length = config.hidden_size, config.intermediate_size, config.vocab_size, seq_len
-  per_layer = (2 * length * 4 * h * h  # Q, K, V and output projections.
-               + 2 * 2 * length * length * h  # Scores QK^T and probabilities x V.
-               + 2 * 2 * length * h * f)  # The MLP's two matmuls.
-  mlm_head = 2 * num_predictions * (h * h + h * v)  # Transform + tied decoder.
-  pooler_nsp = 2 * (h * h + 2 * h)
-  return config.num_hidden_layers * per_layer + mlm_head + pooler_nsp
+  shapes = param_shapes(config)
+  h, length = config.hidden_size, seq_len
+  layers = 2 * length * _kernel_weights(shapes, _LAYERS)  # Projections and MLP, every layer.
+  # Scores Q K^T and probabilities x V: 2 x L x L x H multiply-adds per layer.
+  attention = config.num_hidden_layers * 2 * 2 * length * length * h
+  decoder = config.vocab_size * h  # The tied decoder: the real rows of the embedding table.
+  mlm_head = 2 * num_predictions * (_kernel_weights(shapes, ("mlm",)) + decoder)
+  pooler_nsp = 2 * (_kernel_weights(shapes, ("bert", "pooler")) + _kernel_weights(shapes, ("nsp",)))
+  return layers + attention + mlm_head + pooler_nsp
 
 
 def train_flops_per_sequence(config: BertConfig, seq_len: int, num_predictions: int) -> float:

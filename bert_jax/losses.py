@@ -64,12 +64,6 @@ def pretraining_sums(outputs, batch) -> dict[str, jax.Array]:
           **nsp_sums(outputs["nsp_logits"], batch["next_sentence_label"], nsp_weights)}
 
 
-def pretraining_loss(sums: dict[str, jax.Array]) -> jax.Array:
-  """MLM NLL / number of targets + NSP NLL / number of examples, as google-research/bert."""
-  return (sums["mlm_loss_sum"] / jnp.maximum(sums["mlm_count"], 1.0)
-          + sums["nsp_loss_sum"] / jnp.maximum(sums["nsp_count"], 1.0))
-
-
 def means(sums: dict) -> dict[str, float]:
   """Sums (already added over batches / hosts) -> the mean metrics reported to users."""
   mlm_count = max(float(sums["mlm_count"]), 1.0)

@@ -1,37 +1,43 @@
-"""BERT (Devlin et al., 2018) in pure flax.linen: encoder, pooler, MLM and NSP heads.
+"""BERT (Devlin et al., 2018) in pure flax.linen: encoder, pooler, MLM and NSP heads, built from
+small blocks that config fields choose.
 
-Read top to bottom: config -> embeddings -> attention -> layer -> encoder -> BertModel ->
-pretraining heads. Shapes: B batch, L sequence length, H hidden size, N heads, D head size,
-F intermediate size, P predictions per sequence, V vocabulary size, V' the padded vocabulary
-(`BertConfig.padded_vocab_size`).
+Read top to bottom: config -> block registries -> embeddings -> attention -> MLP -> layer (norm
+placement) -> encoder (the layers under one `nn.scan`) -> BertModel -> pretraining heads.
+Shapes: B batch, L sequence length, H hidden size, N heads, D head size, F intermediate size,
+P predictions per sequence, V vocabulary size, V' the padded vocabulary
+(`BertConfig.padded_vocab_size`), S layers.
 
-Vocabulary padding: the word-embedding table (and with it the tied MLM decoder) and the MLM bias
-hold V' >= V rows, V rounded up to `vocab_pad_multiple`, so that the vocabulary dimension splits
-over a tensor axis of 4 or 8 (30,522 does not; Megatron and MaxText pad to 128). The padded rows
-are never looked up (ids are < V) and never predicted (the MLM logits are cut to V), so losses
-and predictions are those of the unpadded model with the same real rows. Weights enter and leave
-the padded layout through `pad_vocab` / `unpad_vocab`: exchange formats hold the V real rows.
+Variants: the position encoding (`position_embedding`), the MLP (`mlp`) and where the norms sit
+(`norm_placement`) are looked up by name in `POSITION_BLOCKS`, `MLP_BLOCKS` and
+`NORM_PLACEMENTS`; a new block is one class here plus its name, and a config that names it.
+The encoder runs its S identical layers under `nn.scan` (compile time does not grow with depth)
+with a remat policy (`remat`); their params are stacked, [S, ...] under `bert/encoder/layers`.
 
 Packed rows: several [CLS] A [SEP] B [SEP] examples share a row; `segment_ids` keep attention
 inside each example, `position_ids` restart at 0 in each, and the pooler and NSP head read each
 example's [CLS] at `cls_positions`. An unpacked batch is the one-example case (segment ids = the
 attention mask, positions 0..L-1, [CLS] at 0).
 
-Every parameter carries logical axis names (see the constants below); `bert_jax/sharding.py`
-maps them onto the device mesh with the rules in `config.mesh.logical_axis_rules`.
-Whatever the compute `dtype` (e.g. bfloat16): softmax and LayerNorm statistics run in float32,
-and the MLM and NSP logits come out of their matmuls in float32 (inputs in `dtype`, float32
-accumulation and output), so the losses never see bf16-rounded logits.
+Vocabulary padding: the word-embedding table (and the tied MLM decoder) and the MLM bias hold
+V' >= V rows, V rounded up to `vocab_pad_multiple`, so that the vocabulary splits over a tensor
+axis of 4 or 8; padded rows are never looked up and never predicted (logits are cut to V).
+Weights enter and leave that layout in `bert_jax/weights/layout.py`.
+
+Every parameter carries logical axis names (the constants below); `bert_jax/sharding.py` maps
+them onto the mesh with `config.mesh.logical_axis_rules`. Whatever the compute `dtype`: softmax
+and norm statistics run in float32, and the MLM and NSP logits come out of their matmuls in
+float32, so the losses never see bf16-rounded logits.
 """
 
 import dataclasses
+import functools
 import math
+import types
 from typing import Any
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import numpy as np
 
 # Logical axis names of parameters and activations.
 BATCH = "batch"
@@ -41,51 +47,78 @@ VOCAB = "vocab"
 MLP = "mlp"
 HEADS = "heads"
 KV = "kv"
+LAYERS = "layers"  # The stacked (scanned) layer dimension of the encoder's params.
+# What a mesh error says of each parameter axis: (what it is, the config fields it comes from).
+# The axes and their sizes are read from the params themselves (`sharding.sharded_dims`).
+AXIS_SOURCES = {
+    HEADS: ("the attention heads are",
+            lambda c: f"config.model.num_attention_heads={c.num_attention_heads}"),
+    MLP: ("the MLP width is", lambda c: f"config.model.intermediate_size={c.intermediate_size}"),
+    VOCAB: ("the vocabulary is",
+            lambda c: f"config.model.vocab_size={c.vocab_size} padded to a multiple of "
+                      f"config.model.vocab_pad_multiple={c.vocab_pad_multiple} "
+                      f"({c.padded_vocab_size} rows)"),
+    EMBED: ("the hidden width is", lambda c: f"config.model.hidden_size={c.hidden_size}"),
+    KV: ("the head size is",
+         lambda c: f"config.model.hidden_size / num_attention_heads = {c.head_dim}"),
+    LAYERS: ("the layers are", lambda c: f"config.model.num_hidden_layers={c.num_hidden_layers}"),
+}
 
 Dtype = Any
+# Compute and parameter dtypes, by name. float16 is left out: it would need loss scaling.
+DTYPES = ("float32", "bfloat16")
+# What a field is: "shape" and "architecture" fields are the weights' own (a checkpoint and the
+# model that loads it agree on them); "run" fields are the run's choice (dtypes, dropout,
+# kernels, padding), so a fine-tuning run may set them for a pretrained encoder.
+SHAPE, ARCHITECTURE, RUN = "shape", "architecture", "run"
+
+
+def _field(default, role: str, **kwargs):
+  return dataclasses.field(default=default, metadata={"role": role}, **kwargs)
 
 
 @dataclasses.dataclass(frozen=True)
 class BertConfig:
   """Model hyper-parameters, with HuggingFace's field names plus compute/param dtypes."""
-  vocab_size: int = 30522
-  hidden_size: int = 768
-  num_hidden_layers: int = 12
-  num_attention_heads: int = 12
-  intermediate_size: int = 3072
-  hidden_act: str = "gelu"
-  hidden_dropout_prob: float = 0.1
-  attention_probs_dropout_prob: float = 0.1
-  max_position_embeddings: int = 512
-  type_vocab_size: int = 2
-  initializer_range: float = 0.02
-  layer_norm_eps: float = 1e-12
-  dtype: Dtype = jnp.float32
-  param_dtype: Dtype = jnp.float32
-  dropout_rng: str = "hash"  # Random bits of dropout masks: "hash" or "threefry" (see `dropout`).
+  vocab_size: int = _field(30522, SHAPE)
+  hidden_size: int = _field(768, SHAPE)
+  num_hidden_layers: int = _field(12, SHAPE)
+  num_attention_heads: int = _field(12, SHAPE)
+  intermediate_size: int = _field(3072, SHAPE)
+  max_position_embeddings: int = _field(512, SHAPE)
+  type_vocab_size: int = _field(2, SHAPE)
+  hidden_act: str = _field("gelu", ARCHITECTURE)  # A key of ACTIVATIONS.
+  layer_norm_eps: float = _field(1e-12, ARCHITECTURE)
+  position_embedding: str = _field("learned", ARCHITECTURE)  # A key of POSITION_BLOCKS.
+  mlp: str = _field("dense", ARCHITECTURE)  # A key of MLP_BLOCKS.
+  norm_placement: str = _field("post", ARCHITECTURE)  # A key of NORM_PLACEMENTS.
+  hidden_dropout_prob: float = _field(0.1, RUN)
+  attention_probs_dropout_prob: float = _field(0.1, RUN)
+  initializer_range: float = _field(0.02, RUN)
+  dtype: Dtype = _field(jnp.float32, RUN)
+  param_dtype: Dtype = _field(jnp.float32, RUN)
+  dropout_rng: str = _field("hash", RUN)  # Random bits of dropout masks (see `dropout`).
   # Attention where no attention dropout applies: jax.nn.dot_product_attention's "xla"
   # (anywhere) or "cudnn" (NVIDIA GPUs, fused), or "einsum" (the explicit scores + softmax
   # path that attention dropout always takes; a reference).
-  attention_impl: str = "xla"
+  attention_impl: str = _field("xla", RUN)
   # The embedding table and MLM bias get vocab_size rounded up to a multiple of this many rows
-  # (1 = no padding; see the module docstring). 1 is also the layout of exchange formats and of
-  # configs saved before the field existed; configs/base.py sets 128.
-  vocab_pad_multiple: int = 1
+  # (1 = no padding; the layout of exchange formats and of configs saved before the field
+  # existed); configs/base.py sets 128.
+  vocab_pad_multiple: int = _field(1, RUN)
+  remat: str = _field("none", RUN)  # A key of REMAT_POLICIES: what the backward pass recomputes.
 
   def __post_init__(self):
     if self.hidden_size % self.num_attention_heads:
-      raise ValueError(
-          f"hidden_size={self.hidden_size} is not divisible by "
-          f"num_attention_heads={self.num_attention_heads}")
-    if self.hidden_act not in HIDDEN_ACTS:
-      raise ValueError(
-          f"hidden_act={self.hidden_act!r} is not supported; use one of {list(HIDDEN_ACTS)}")
-    if self.dropout_rng not in DROPOUT_RNGS:
-      raise ValueError(f"dropout_rng={self.dropout_rng!r} is not supported; use one of "
-                       f"{list(DROPOUT_RNGS)}")
-    if self.attention_impl not in ATTENTION_IMPLS:
-      raise ValueError(f"attention_impl={self.attention_impl!r} is not supported; use one of "
-                       f"{list(ATTENTION_IMPLS)}")
+      raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "
+                       f"num_attention_heads={self.num_attention_heads}")
+    for name, table in (("hidden_act", ACTIVATIONS), ("position_embedding", POSITION_BLOCKS),
+                        ("mlp", MLP_BLOCKS), ("norm_placement", NORM_PLACEMENTS),
+                        ("dropout_rng", DROPOUT_RNGS), ("attention_impl", ATTENTION_IMPLS),
+                        ("remat", REMAT_POLICIES)):
+      if getattr(self, name) not in table:
+        raise ValueError(f"{name}={getattr(self, name)!r} is not supported; use one of "
+                         f"{list(table)}")
     if not isinstance(self.vocab_pad_multiple, int) or self.vocab_pad_multiple < 1:
       raise ValueError(f"vocab_pad_multiple={self.vocab_pad_multiple!r} must be an integer >= 1 "
                        "(1: no padding)")
@@ -102,11 +135,15 @@ class BertConfig:
     return padded_size(self.vocab_size, self.vocab_pad_multiple)
 
   @classmethod
+  def fields_of(cls, *roles: str) -> tuple[str, ...]:
+    """Names of the fields with one of `roles` (SHAPE, ARCHITECTURE, RUN)."""
+    return tuple(f.name for f in dataclasses.fields(cls) if f.metadata["role"] in roles)
+
+  @classmethod
   def from_config(cls, model_config) -> "BertConfig":
     """Builds the frozen model config from the `config.model` ConfigDict section."""
-    fields = {f.name for f in dataclasses.fields(cls)}
     values = dict(model_config)
-    unknown = sorted(set(values) - fields)
+    unknown = sorted(set(values) - {f.name for f in dataclasses.fields(cls)})
     if unknown:
       raise ValueError(f"Unknown config.model fields: {unknown}")
     return cls(**values)
@@ -115,26 +152,6 @@ class BertConfig:
 def padded_size(size: int, multiple: int) -> int:
   """`size` rounded up to a multiple of `multiple`."""
   return -(-size // multiple) * multiple
-
-
-def _gelu(x):
-  """BERT's exact GELU, x * Phi(x), written with erf as HF/PyTorch do: XLA's erf is one rational
-  polynomial, cheaper than the erfc (two branches and an exp) of `nn.gelu(approximate=False)`."""
-  return 0.5 * x * (1.0 + jax.lax.erf(x * (1.0 / math.sqrt(2.0))))
-
-
-_ACTIVATIONS = {
-    "gelu": _gelu,
-    "gelu_new": lambda x: nn.gelu(x, approximate=True),
-    "relu": nn.relu,
-}
-
-
-HIDDEN_ACTS = tuple(_ACTIVATIONS)
-DROPOUT_RNGS = ("hash", "threefry")
-ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
-# Compute and parameter dtypes, by name. float16 is left out: it would need loss scaling.
-DTYPES = ("float32", "bfloat16")
 
 
 def _parse_dtype(name: str, value) -> jnp.dtype:
@@ -147,6 +164,26 @@ def _parse_dtype(name: str, value) -> jnp.dtype:
   if dtype is None or dtype.name not in DTYPES:
     raise ValueError(f"{name}={value!r} is not supported; use one of {list(DTYPES)}")
   return dtype
+
+
+# ----------------------------------------------------------------------- small functions
+
+
+def _gelu(x):
+  """BERT's exact GELU, x * Phi(x), written with erf as HF/PyTorch do: XLA's erf is one rational
+  polynomial, cheaper than the erfc (two branches and an exp) of `nn.gelu(approximate=False)`."""
+  return 0.5 * x * (1.0 + jax.lax.erf(x * (1.0 / math.sqrt(2.0))))
+
+
+ACTIVATIONS = {"gelu": _gelu, "gelu_new": lambda x: nn.gelu(x, approximate=True),
+               "relu": nn.relu}
+DROPOUT_RNGS = ("hash", "threefry")
+ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
+# What a layer's backward pass recomputes instead of keeping from the forward pass: "none"
+# keeps everything, "full" recomputes the whole layer, "dots" keeps the matmul outputs of the
+# weights (no batch dimension) and recomputes the rest.
+REMAT_POLICIES = {"none": None, "full": jax.checkpoint_policies.nothing_saveable,
+                  "dots": jax.checkpoint_policies.dots_with_no_batch_dims_saveable}
 # Added to the float32 scores of masked keys: finite (a row with no key to attend to gets a
 # uniform softmax, not NaN), as jax.nn.dot_product_attention's own mask value.
 _MASK_VALUE = -0.7 * float(jnp.finfo(jnp.float32).max)
@@ -246,31 +283,57 @@ def _dense(config: BertConfig, features: int, axes: tuple[str | None, str | None
       kernel_init=_init(config, axes), bias_init=_zeros((axes[1],)), name=name)
 
 
+# ----------------------------------------------------------------------- position encodings
+
+
+class LearnedPositions(nn.Module):
+  """BERT's learned absolute positions: a [max_position_embeddings, H] table whose rows are
+  added to the token embeddings. Attention is left as it is (`rotate`)."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x, position_ids):
+    """x [B, L, H], position_ids [B, L] -> x [B, L, H] with the positions' rows added."""
+    c = self.config
+    if x.shape[1] > c.max_position_embeddings:
+      raise ValueError(f"Sequence length {x.shape[1]} exceeds max_position_embeddings="
+                       f"{c.max_position_embeddings}")
+    table = self.param("embedding", _init(c, (None, EMBED)), (c.max_position_embeddings,
+                                                              c.hidden_size), c.param_dtype)
+    return x + jnp.take(table, position_ids, axis=0).astype(c.dtype)
+
+  @staticmethod
+  def rotate(config: BertConfig, query, key, position_ids, layer_index):
+    """query/key [B, L, N, D] as attention sees them: unchanged (positions are in x already)."""
+    del config, position_ids, layer_index
+    return query, key
+
+
+# Position encoding by name (config.model.position_embedding): a module called on the token
+# embeddings (x [B, L, H], position_ids [B, L]) -> x, with a static `rotate(config, query, key,
+# position_ids, layer_index) -> (query, key)` that every attention layer applies.
+POSITION_BLOCKS: dict[str, type[nn.Module]] = {"learned": LearnedPositions}
+
+
 class Embeddings(nn.Module):
-  """Token + learned position + segment embeddings, then LayerNorm and dropout."""
+  """Token + position + segment embeddings, then LayerNorm and dropout."""
   config: BertConfig
 
   def setup(self):
     c = self.config
-    embed = lambda n, name: nn.Embed(
-        n, c.hidden_size, dtype=c.dtype, param_dtype=c.param_dtype,
-        embedding_init=_init(c, (VOCAB, EMBED) if name == "word_embeddings" else (None, EMBED)),
-        name=name)
-    self.word_embeddings = embed(c.padded_vocab_size, "word_embeddings")  # [V', H]
-    self.position_embeddings = embed(c.max_position_embeddings, "position_embeddings")
-    self.token_type_embeddings = embed(c.type_vocab_size, "token_type_embeddings")
-    self.layer_norm = LayerNorm(c, name="LayerNorm")
+    self.word_embeddings = nn.Embed(  # [V', H]
+        c.padded_vocab_size, c.hidden_size, dtype=c.dtype, param_dtype=c.param_dtype,
+        embedding_init=_init(c, (VOCAB, EMBED)), name="word_embeddings")
+    self.positions = POSITION_BLOCKS[c.position_embedding](c, name="position_embeddings")
+    self.token_type_embeddings = nn.Embed(
+        c.type_vocab_size, c.hidden_size, dtype=c.dtype, param_dtype=c.param_dtype,
+        embedding_init=_init(c, (None, EMBED)), name="token_type_embeddings")
+    self.norm = LayerNorm(c, name="norm")
 
   def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
-    length = input_ids.shape[1]
-    if length > self.config.max_position_embeddings:
-      raise ValueError(f"Sequence length {length} exceeds max_position_embeddings="
-                       f"{self.config.max_position_embeddings}")
-    x = (self.word_embeddings(input_ids)  # [B, L, H]
-         + self.position_embeddings(position_ids)  # Restart at 0 in each packed example.
-         + self.token_type_embeddings(token_type_ids))
-    x = self.layer_norm(x)
-    return _dropout(self, x, self.config.hidden_dropout_prob, deterministic)
+    x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)  # [B, L, H]
+    x = self.positions(x, position_ids)  # Restart at 0 in each packed example.
+    return _dropout(self, self.norm(x), self.config.hidden_dropout_prob, deterministic)
 
   def attend(self, x):
     """Scores of hidden states [..., H] against every row of the embedding table (the tied MLM
@@ -279,6 +342,9 @@ class Embeddings(nn.Module):
     table = self.word_embeddings.embedding  # [V', H]
     return jnp.einsum("...h,vh->...v", x.astype(c.dtype), table.astype(c.dtype),
                       preferred_element_type=jnp.float32)
+
+
+# ----------------------------------------------------------------------------- attention
 
 
 class _Einsum(nn.Module):
@@ -300,21 +366,34 @@ class _Einsum(nn.Module):
     return y + bias.astype(c.dtype)
 
 
+def einsum_attention(query, key, value, mask, dropout_probs=lambda probs: probs):
+  """Attention written out: query/key/value [B, L, N, D] (compute dtype), mask [B, 1, L, L]
+  bool -> context [B, L, N, D]. Scores and softmax in float32; `dropout_probs` maps the
+  probabilities [B, N, L, L] f32 (attention dropout) before they weight the values."""
+  scores = jnp.einsum("bqnd,bknd->bnqk", query, key,
+                      preferred_element_type=jnp.float32) / jnp.sqrt(query.shape[-1])
+  scores = jnp.where(mask, scores, _MASK_VALUE)
+  probs = dropout_probs(jax.nn.softmax(scores, axis=-1))  # [B, N, L, L] f32
+  return jnp.einsum("bnqk,bknd->bqnd", probs.astype(value.dtype), value)
+
+
 class SelfAttention(nn.Module):
   """Bidirectional multi-head self-attention within segments, output projection included."""
   config: BertConfig
+  deterministic: bool
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool):
-    """x [B, L, H], mask [B, 1, L, L] bool (query attends to key) -> [B, L, H]."""
+  def __call__(self, x, mask, position_ids, layer_index):
+    """x [B, L, H], mask [B, 1, L, L] bool (query attends to key), position_ids [B, L],
+    layer_index int32 scalar -> [B, L, H]."""
     c = self.config
     heads = (c.num_attention_heads, c.head_dim)
     proj = lambda name: _Einsum(c, (c.hidden_size, *heads), (EMBED, HEADS, KV), heads,
                                 (HEADS, KV), "blh,hnd->blnd", name=name)
-    query = proj("query")(x)  # [B, L, N, D]
-    key = proj("key")(x)
-    value = proj("value")(x)
-    dropout_rate = 0.0 if deterministic else c.attention_probs_dropout_prob
+    query, key, value = proj("query")(x), proj("key")(x), proj("value")(x)  # [B, L, N, D]
+    query, key = POSITION_BLOCKS[c.position_embedding].rotate(c, query, key, position_ids,
+                                                              layer_index)
+    dropout_rate = 0.0 if self.deterministic else c.attention_probs_dropout_prob
     if dropout_rate == 0.0 and c.attention_impl != "einsum":
       # The fused path; it has no attention-probability dropout.
       context = jax.nn.dot_product_attention(
@@ -327,32 +406,77 @@ class SelfAttention(nn.Module):
                    "blnd,ndh->blh", name="output")(context)  # [B, L, H]
 
 
-def einsum_attention(query, key, value, mask, dropout_probs=lambda probs: probs):
-  """Attention written out: query/key/value [B, L, N, D] (compute dtype), mask [B, 1, L, L]
-  bool -> context [B, L, N, D]. Scores and softmax in float32; `dropout_probs` maps the
-  probabilities [B, N, L, L] f32 (attention dropout) before they weight the values."""
-  scores = jnp.einsum("bqnd,bknd->bnqk", query, key,
-                      preferred_element_type=jnp.float32) / jnp.sqrt(query.shape[-1])
-  scores = jnp.where(mask, scores, _MASK_VALUE)
-  probs = dropout_probs(jax.nn.softmax(scores, axis=-1))  # [B, N, L, L] f32
-  return jnp.einsum("bnqk,bknd->bqnd", probs.astype(value.dtype), value)
+# ----------------------------------------------------------------------------------- MLP
+
+
+class DenseMLP(nn.Module):
+  """BERT's feed-forward block: dense to F, activation, dense back to H."""
+  config: BertConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x):
+    """x [B, L, H] -> [B, L, H]."""
+    c = self.config
+    h = _dense(c, c.intermediate_size, (EMBED, MLP), "intermediate")(x)  # [B, L, F]
+    h = nn.with_logical_constraint(ACTIVATIONS[c.hidden_act](h), (BATCH, LENGTH, MLP))
+    return _dense(c, c.hidden_size, (MLP, EMBED), "output")(h)  # [B, L, H]
+
+
+# MLP block by name (config.model.mlp): a module (config, deterministic) called on x [B, L, H].
+MLP_BLOCKS: dict[str, type[nn.Module]] = {"dense": DenseMLP}
+
+
+# --------------------------------------------------------------------------------- layers
+
+
+def post_norm(x, attention, mlp, attention_norm, mlp_norm, dropout):
+  """BERT's post-LN: x = LN(x + Attn(x)); x = LN(x + MLP(x))."""
+  x = attention_norm(x + dropout(attention(x)))
+  return mlp_norm(x + dropout(mlp(x)))
+
+
+# Where the norms sit by name (config.model.norm_placement): (x, attention, mlp, attention_norm,
+# mlp_norm, dropout) -> x, each argument but x a function of [B, L, H].
+NORM_PLACEMENTS = {"post": post_norm}
 
 
 class Layer(nn.Module):
-  """Post-LN transformer layer: x = LN(x + Attn(x)); x = LN(x + MLP(x))."""
+  """One transformer layer: attention and MLP blocks with the norms where the config puts them.
+  Called by `nn.scan` as (carry, *broadcast, layer_index) -> (carry, None)."""
+  config: BertConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x, mask, position_ids, layer_index):
+    c = self.config
+    attention = SelfAttention(c, self.deterministic, name="attention")
+    mlp = MLP_BLOCKS[c.mlp](c, self.deterministic, name="mlp")
+    x = NORM_PLACEMENTS[c.norm_placement](
+        x, lambda y: attention(y, mask, position_ids, layer_index), mlp,
+        LayerNorm(c, name="attention_norm"), LayerNorm(c, name="mlp_norm"),
+        lambda y: _dropout(self, y, c.hidden_dropout_prob, self.deterministic))
+    return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED)), None
+
+
+class Encoder(nn.Module):
+  """The S layers under one `nn.scan` (params stacked [S, ...], one compiled layer body), each
+  rematerialised as `config.model.remat` says."""
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, deterministic: bool):
+  def __call__(self, x, mask, position_ids, deterministic: bool):
     c = self.config
-    dropout = lambda y: _dropout(self, y, c.hidden_dropout_prob, deterministic)
-    attended = SelfAttention(c, name="attention")(x, mask, deterministic)
-    x = LayerNorm(c, name="attention_LayerNorm")(x + dropout(attended))
-    h = _dense(c, c.intermediate_size, (EMBED, MLP), "intermediate")(x)  # [B, L, F]
-    h = nn.with_logical_constraint(_ACTIVATIONS[c.hidden_act](h), (BATCH, LENGTH, MLP))
-    h = _dense(c, c.hidden_size, (MLP, EMBED), "output")(h)  # [B, L, H]
-    x = LayerNorm(c, name="output_LayerNorm")(x + dropout(h))
-    return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
+    layer = Layer
+    if REMAT_POLICIES[c.remat] is not None:
+      layer = nn.remat(Layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
+    stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True,
+                                                                    "dropout": True},
+                    in_axes=(nn.broadcast, nn.broadcast, 0), length=c.num_hidden_layers,
+                    metadata_params={nn.PARTITION_NAME: LAYERS})
+    layer_indices = jnp.arange(c.num_hidden_layers, dtype=jnp.int32)  # [S]
+    x, _ = stack(c, deterministic, name="layers")(x, mask, position_ids, layer_indices)
+    return x
 
 
 def attention_mask_from_segments(segment_ids):
@@ -373,7 +497,7 @@ class BertModel(nn.Module):
   def setup(self):
     c = self.config
     self.embeddings = Embeddings(c, name="embeddings")
-    self.layers = [Layer(c, name=f"layer_{i}") for i in range(c.num_hidden_layers)]
+    self.encoder = Encoder(c, name="encoder")
     if self.add_pooling_layer:
       self.pooler = _dense(c, c.hidden_size, (EMBED, None), "pooler")
 
@@ -392,8 +516,7 @@ class BertModel(nn.Module):
     mask = attention_mask_from_segments(segment_ids)  # [B, 1, L, L], built once.
     x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)  # [B, L, H]
     x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
-    for layer in self.layers:
-      x = layer(x, mask, deterministic)
+    x = self.encoder(x, mask, position_ids, deterministic)
     if not self.add_pooling_layer:
       return x, None
     cls = x[:, 0] if cls_positions is None else gather_positions(x, cls_positions)
@@ -416,7 +539,7 @@ class MaskedLMHead(nn.Module):
   def __call__(self, hidden, bert: BertModel):
     c = self.config
     h = _dense(c, c.hidden_size, (EMBED, None), "transform")(hidden)
-    h = LayerNorm(c, name="transform_LayerNorm")(_ACTIVATIONS[c.hidden_act](h))
+    h = LayerNorm(c, name="transform_norm")(ACTIVATIONS[c.hidden_act](h))
     bias = self.param("bias", _zeros((VOCAB,)), (c.padded_vocab_size,), c.param_dtype)
     logits = bert.attend(h) + bias.astype(jnp.float32)  # [B, P, V'] f32
     return logits[..., :c.vocab_size]  # [B, P, V]: padded entries are never predicted.
@@ -446,68 +569,15 @@ class BertForPreTraining(nn.Module):
     }
 
 
-# --------------------------------------------------------------------------- vocabulary padding
-
-# Params with one row per vocabulary entry (the tied decoder reuses the word embeddings).
-VOCAB_PARAMS = (("bert", "embeddings", "word_embeddings", "embedding"), ("mlm", "bias"))
-
-
-def _at(tree, path: tuple[str, ...]):
-  """The leaf of a nested params dict at `path`, or None when a part of the path is absent."""
-  for key in path:
-    if not hasattr(tree, "keys") or key not in tree:
-      return None
-    tree = tree[key]
-  return tree
-
-
-def _replace_at(tree, path: tuple[str, ...], fn) -> dict:
-  """Copy of a nested dict with `fn` applied to the leaf at `path` (the nodes along the path are
-  copied, the rest shared); `tree` itself when the path is absent."""
-  if path[0] not in tree:
-    return tree
-  value = tree[path[0]]
-  return {**tree, path[0]: fn(value) if len(path) == 1 else _replace_at(value, path[1:], fn)}
-
-
-def _with_vocab_rows(params, vocab_size: int, rows: int) -> dict:
-  """Copy of a params tree whose `VOCAB_PARAMS` hold `rows` rows: their first `vocab_size`
-  rows, then zeros. Parts absent from `params` (e.g. the MLM head) stay absent. numpy leaves
-  stay numpy, jax arrays stay jax arrays."""
-  def resize(path, table):
-    if table.shape[0] < vocab_size:
-      raise ValueError(f"{'/'.join(path)} has {table.shape[0]} rows, fewer than "
-                       f"vocab_size={vocab_size}")
-    xp = jnp if isinstance(table, jax.Array) else np
-    padding = xp.zeros((rows - vocab_size, *table.shape[1:]), table.dtype)
-    return xp.concatenate([table[:vocab_size], padding])
-
-  for path in VOCAB_PARAMS:
-    params = _replace_at(params, path, lambda table, path=path: resize(path, table))
-  return dict(params)
-
-
-def pad_vocab(params, config: BertConfig) -> dict:
-  """Params of the same model at any vocabulary padding (e.g. the V real rows of a HuggingFace
-  import) -> the layout of `config`: `config.padded_vocab_size` rows, zeros after the real V."""
-  return _with_vocab_rows(params, config.vocab_size, config.padded_vocab_size)
-
-
-def unpad_vocab(config: BertConfig, params) -> tuple[BertConfig, dict]:
-  """(config, params) of a padded model -> the real-vocabulary model (vocab_pad_multiple 1,
-  V rows), as exchange formats hold it."""
-  real = dataclasses.replace(config, vocab_pad_multiple=1)
-  return real, _with_vocab_rows(params, config.vocab_size, config.vocab_size)
-
-
-def num_params(params, config: BertConfig) -> int:
-  """Parameters of a params tree (arrays or shape structs) over the real vocabulary: the padded
-  rows are layout, not model, so BERT-Base counts HuggingFace's 110,106,428 at any padding.
-  Boxed (logically partitioned) leaves, as `init` returns them, count as their values."""
-  params = nn.meta.unbox(params)
-  total = sum(int(np.prod(x.shape)) for x in jax.tree.leaves(params))
-  for path in VOCAB_PARAMS:
-    table = _at(params, path)
-    if table is not None:
-      total -= (table.shape[0] - config.vocab_size) * int(np.prod(table.shape[1:]))
-  return total
+@functools.lru_cache(maxsize=32)
+def param_shapes(config: BertConfig) -> types.MappingProxyType:
+  """Path -> shape of every `BertForPreTraining` parameter of `config`, from the model itself
+  (traced, nothing computed or allocated; cached per config, read-only)."""
+  ids = jax.ShapeDtypeStruct((1, 2), jnp.int32)
+  abstract = jax.eval_shape(lambda i: BertForPreTraining(config).init(
+      jax.random.key(0), i, i, i, i), ids)["params"]
+  is_boxed = lambda x: isinstance(x, nn.Partitioned)
+  leaves = jax.tree_util.tree_flatten_with_path(abstract, is_leaf=is_boxed)[0]
+  return types.MappingProxyType({
+      tuple(k.key for k in path): tuple((leaf.value if is_boxed(leaf) else leaf).shape)
+      for path, leaf in leaves})

@@ -6,7 +6,10 @@
   scaled by the learning rate. Without bias correction its first steps are larger than a
   bias-corrected Adam's by (1 - b1^t) / sqrt(1 - b2^t): 3.2x at step 1, 6.5x at step 10,
   1.26x at step 1000 (b1 = 0.9, b2 = 0.999).
-- "adamw" (`optax.adamw`, bias-corrected) and "lamb" (`optax.lamb`) stay available.
+- "adamw" (`optax.adamw`, bias-corrected) and "lamb" (`optax.lamb`'s chain) stay available.
+  LAMB's trust ratio is per weight matrix: the encoder's layer params are stacked [S, ...]
+  (`bert/encoder/layers`), so their norms are taken per layer (`per_layer_norm`), as with
+  one tensor per layer.
 - Schedule "bert" is the original's: lr = peak x (1 - t/T) (polynomial decay, power 1, over all T
   steps from step 0), overridden by peak x t/W while t < W; so it is 0.9 x peak right after a
   10% warmup. "warmup_linear" decays from the peak over the T - W steps after warmup.
@@ -95,6 +98,44 @@ def make_optimizer(train_config, frozen: tuple[str, ...] = ()) -> optax.Gradient
   return optax.multi_transform({"trained": optimizer, "frozen": optax.set_to_zero()}, labels)
 
 
+def is_stacked(path) -> bool:
+  """Whether a params path is the encoder's stacked [S, ...] layer params."""
+  keys = [k.key for k in path if isinstance(k, jax.tree_util.DictKey)]
+  return any(keys[i:i + 2] == ["encoder", "layers"] for i in range(len(keys) - 1))
+
+
+def per_layer_norm(x, stacked: bool):
+  """The L2 norm of a tensor, or of each layer [S] of a stacked one (broadcastable to x)."""
+  if not stacked:
+    return jnp.sqrt(jnp.sum(jnp.square(x)))
+  return jnp.sqrt(jnp.sum(jnp.square(x), axis=tuple(range(1, x.ndim)), keepdims=True))
+
+
+def scale_by_trust_ratio_per_layer() -> optax.GradientTransformation:
+  """optax's LAMB trust ratio ||param|| / ||update|| (1 where either is 0), per layer of the
+  stacked encoder params and per tensor elsewhere."""
+  def update_fn(updates, state, params):
+    def scale(path, update, param):
+      param_norm = per_layer_norm(param, is_stacked(path))
+      update_norm = per_layer_norm(update, is_stacked(path))
+      ratio = jnp.where((param_norm == 0.0) | (update_norm == 0.0), 1.0,
+                        param_norm / jnp.where(update_norm == 0.0, 1.0, update_norm))
+      return update * ratio.astype(update.dtype)
+    return jax.tree_util.tree_map_with_path(scale, updates, params), state
+  return optax.GradientTransformation(optax.init_empty_state, update_fn)
+
+
+def lamb(learning_rate: optax.ScalarOrSchedule, b1: float, b2: float, eps: float,
+         weight_decay: float, mask) -> optax.GradientTransformation:
+  """optax.lamb's chain (Adam, decoupled decay, trust ratio, learning rate) with the trust
+  ratio per layer of stacked params."""
+  return optax.chain(
+      optax.scale_by_adam(b1=b1, b2=b2, eps=eps),
+      optax.add_decayed_weights(weight_decay, mask),
+      scale_by_trust_ratio_per_layer(),
+      optax.scale_by_learning_rate(learning_rate))
+
+
 def _clipped_optimizer(train_config) -> optax.GradientTransformation:
   schedule = learning_rate_schedule(train_config)
   kwargs = dict(learning_rate=schedule, b1=train_config.b1, b2=train_config.b2,
@@ -104,7 +145,7 @@ def _clipped_optimizer(train_config) -> optax.GradientTransformation:
   elif train_config.optimizer == "adamw":
     optimizer = optax.adamw(**kwargs)
   elif train_config.optimizer == "lamb":
-    optimizer = optax.lamb(**kwargs)
+    optimizer = lamb(**kwargs)
   else:
     raise ValueError(f"config.train.optimizer={train_config.optimizer!r}: use one of "
                      f"{OPTIMIZERS}")

@@ -15,6 +15,8 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from bert_jax.model import AXIS_SOURCES, BertForPreTraining
+
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")
 
@@ -69,36 +71,46 @@ def _mesh_axes(rules, logical: str) -> tuple[str, ...]:
   return ()
 
 
-def sharded_dims(model_config) -> dict[str, tuple[int, str, str]]:
-  """Logical axis -> (size, the config fields it comes from, "<what> is") for every parameter
-  dimension that the logical rules may split. (The batch: `batch_size_per_shard`.)"""
-  c = model_config
-  vocab = (f"config.model.vocab_size={c.vocab_size} padded to a multiple of "
-           f"config.model.vocab_pad_multiple={c.vocab_pad_multiple} ({c.padded_vocab_size} rows)")
-  return {
-      "heads": (c.num_attention_heads, f"config.model.num_attention_heads="
-                f"{c.num_attention_heads}", "the attention heads are"),
-      "mlp": (c.intermediate_size, f"config.model.intermediate_size={c.intermediate_size}",
-              "the MLP width is"),
-      "vocab": (c.padded_vocab_size, vocab, "the vocabulary is"),
-      "embed": (c.hidden_size, f"config.model.hidden_size={c.hidden_size}", "the hidden width is"),
-      "kv": (c.head_dim, f"config.model.hidden_size / num_attention_heads = {c.head_dim}",
-             "the head size is"),
-  }
+def sharded_dims(model_config) -> dict[str, tuple[int, ...]]:
+  """Logical axis -> the sizes of every parameter dimension named by it, read from the model's
+  own params (traced, nothing allocated): a new block's axes are covered as they are."""
+  ids = jax.ShapeDtypeStruct((1, 2), np.int32)
+  abstract = jax.eval_shape(lambda i: BertForPreTraining(model_config).init(
+      jax.random.key(0), i, i, i, i), ids)
+  sizes: dict[str, set[int]] = {}
+  boxed = jax.tree.leaves(abstract, is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  for leaf in boxed:
+    if isinstance(leaf, nn.Partitioned):
+      for name, size in zip(leaf.names, leaf.value.shape):
+        if name is not None:
+          sizes.setdefault(name, set()).add(size)
+  return {name: tuple(sorted(found)) for name, found in sizes.items()}
+
+
+def _describe(model_config, logical: str, size: int) -> tuple[str, str]:
+  """(the config fields a dimension comes from, "<what> is") for a mesh error."""
+  if logical in AXIS_SOURCES:
+    what, fields = AXIS_SOURCES[logical]
+    return fields(model_config), what
+  return f"a parameter dimension {logical!r} of size {size}", f"the {logical!r} dimension is"
 
 
 def check_divisibility(model_config, mesh_sizes: dict[str, int], rules) -> None:
   """Raises a one-line ValueError naming the config fields when a dimension the logical `rules`
   split over mesh axes does not divide by their product (`mesh_sizes`: axis -> size)."""
-  for logical, (size, fields, what) in sharded_dims(model_config).items():
+  dims = sharded_dims(model_config)
+  order = [a for a in AXIS_SOURCES if a in dims] + sorted(set(dims) - set(AXIS_SOURCES))
+  for logical in order:
     axes = _mesh_axes(rules, logical)
     unknown = [axis for axis in axes if axis not in mesh_sizes]
     if unknown:
       raise ValueError(f"config.mesh.logical_axis_rules maps {logical!r} to {unknown}, which are "
                        f"not mesh axes {tuple(mesh_sizes)}")
     shards = math.prod(mesh_sizes[axis] for axis in axes)
-    if size % shards == 0:
+    size = next((s for s in dims[logical] if s % shards), None)
+    if size is None:
       continue
+    fields, what = _describe(model_config, logical, size)
     mesh = " x ".join(f"config.mesh.{axis}={mesh_sizes[axis]}" for axis in axes)
     hint = ""
     if logical == "vocab":

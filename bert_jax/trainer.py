@@ -34,6 +34,10 @@ from bert_jax.metrics_writer import MetricWriter
 from bert_jax.model import padded_size
 from bert_jax.stop_signals import Interrupted, StopSignals
 from bert_jax.tasks.base import Task
+from bert_jax.weights import layout
+
+# Training checkpoints of the params layout before the encoder was scanned restore converted.
+LEGACY_LAYOUT = checkpointing.LegacyLayout(layout.holds_layout_1, layout.downgrade, layout.upgrade)
 
 # The config.train fields the compiled step depends on (with the task, mesh and rules).
 STEP_FIELDS = ("optimizer", "schedule", "learning_rate", "warmup_steps", "num_train_steps",
@@ -209,7 +213,7 @@ def initial_state(config, run: Run, prog: Program, checkpointer: checkpointing.C
   if checkpointer.latest_step() is not None:
     target = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
                           prog.abstract_state, prog.state_shardings)
-    restored = checkpointer.restore(target)
+    restored = checkpointer.restore(target, LEGACY_LAYOUT)
     if restored is None:
       raise ValueError(f"No checkpoint in {checkpointer.directory} could be restored (each was "
                        "set aside as <step>.damaged); start a new --workdir, or initialise from "

@@ -13,9 +13,11 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import convert, losses, sharding, tasks, train, trainer
+from bert_jax import losses, sharding, tasks, train, trainer
+from bert_jax.weights import hf_bert
 from bert_jax.model import (BertConfig, BertForPreTraining, attention_mask_from_segments,
-                            einsum_attention, num_params, pad_vocab, unpad_vocab)
+                            einsum_attention)
+from bert_jax.weights.layout import num_params, pad_vocab, unpad_vocab
 from configs import base
 
 SMALL = dict(vocab_size=211, hidden_size=32, num_hidden_layers=1, num_attention_heads=4,
@@ -158,10 +160,10 @@ def test_hf_weights_import_into_a_padded_model_and_export_unpadded():
   torch.manual_seed(0)
   hf = transformers.BertForPreTraining(transformers.BertConfig(
       **{k: v for k, v in SMALL.items() if "dropout" not in k})).eval()
-  config = dataclasses.replace(convert.config_from_hf(hf.config.to_dict()),
+  config = dataclasses.replace(hf_bert.config_from_hf(hf.config.to_dict()),
                                vocab_pad_multiple=128)
   state = {k: v.numpy() for k, v in hf.state_dict().items()}
-  params = convert.params_from_hf(state, config)
+  params = hf_bert.params_from_hf(state, config)
   assert params["mlm"]["bias"].shape == (256,)
   assert num_params(params, config) == sum(p.numel() for p in hf.parameters())
   ids, types, segments, positions = _inputs()
@@ -173,7 +175,7 @@ def test_hf_weights_import_into_a_padded_model_and_export_unpadded():
   ours = _apply(config, params, ids, types, (segments > 0).astype(np.int32), positions)
   # Rows with real tokens (a row of padding only has no defined output; nothing reads it).
   np.testing.assert_allclose(ours["mlm_logits"][:2], hf_mlm[:2], atol=1e-5, rtol=0)
-  exported = convert.params_to_hf(params, config)
+  exported = hf_bert.params_to_hf(params, config)
   for name, array in state.items():
     if not name.endswith(("position_ids", "token_type_ids")):
       np.testing.assert_array_equal(exported[name], array, err_msg=name)

@@ -113,6 +113,8 @@ _SHARED_BAD = [
     ("model.layer_norm_eps", 0.0), ("model.dtype", "fp32"), ("model.dtype", None),
     ("model.param_dtype", "float16"), ("model.attention_impl", "flash"),
     ("model.vocab_pad_multiple", 0), ("model.dropout_rng", "philox"),
+    ("model.position_embedding", "sinusoidal"), ("model.mlp", "moe"),
+    ("model.norm_placement", "sandwich"), ("model.remat", "offload"),
     ("train.batch_size", True), ("train.batch_size", 0), ("train.num_train_steps", 0),
     ("train.optimizer", "sgd"), ("train.schedule", "cosine"), ("train.learning_rate", -1),
     ("train.learning_rate", 0.0), ("train.learning_rate", math.nan),

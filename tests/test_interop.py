@@ -35,7 +35,8 @@ import bert_jax
 from bert_jax import weights
 from bert_jax.data.encoding import encode_pair
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig, BertForPreTraining, BertModel, unpad_vocab
+from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+from bert_jax.weights.layout import unpad_vocab
 from bert_jax.weights import tf_bundle
 from tests import tf_bundle_writer
 
@@ -222,8 +223,8 @@ def test_bert_model_without_heads_imports_with_a_note(tmp_path):
   fresh = BertForPreTraining(config).init(jax.random.key(0), *_batch())["params"]
   full = weights.fill_missing_heads(reloaded_params, fresh)
   assert weights.heads_present(full) == {"pooler": True, "mlm": True, "nsp": True}
-  np.testing.assert_array_equal(full["bert"]["layer_0"]["output"]["kernel"],
-                                reloaded_params["bert"]["layer_0"]["output"]["kernel"])
+  np.testing.assert_array_equal(full["bert"]["encoder"]["layers"]["mlp"]["output"]["kernel"],
+                                reloaded_params["bert"]["encoder"]["layers"]["mlp"]["output"]["kernel"])
   assert np.isfinite(_our_logits(config, full, _batch())["mlm_logits"]).all()
   reloaded, loading = transformers.BertModel.from_pretrained(
       tmp_path / "hf_out", output_loading_info=True)

@@ -10,8 +10,12 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import convert, losses
-from bert_jax.model import BertConfig, BertForPreTraining, BertModel, num_params
+from bert_jax import losses
+from bert_jax.masking import MaskingConfig
+from bert_jax.tasks import PretrainingTask
+from bert_jax.weights import hf_bert
+from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+from bert_jax.weights.layout import num_params
 
 SMALL = dict(vocab_size=211, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,
              intermediate_size=128, max_position_embeddings=32, type_vocab_size=2)
@@ -66,8 +70,8 @@ def test_parameter_count_matches_huggingface_bert_base():
 
 def test_same_weights_same_logits_as_huggingface_and_round_trip():
   hf = _hf_model()
-  config = convert.config_from_hf(hf.config.to_dict())
-  params = convert.params_from_hf(hf.state_dict(), config)
+  config = hf_bert.config_from_hf(hf.config.to_dict())
+  params = hf_bert.params_from_hf(hf.state_dict(), config)
   ids, types, mask, positions = _batch()
   ours = _ours(params, ids, types, mask, positions, config)
   with torch.no_grad():
@@ -80,7 +84,7 @@ def test_same_weights_same_logits_as_huggingface_and_round_trip():
                              atol=1e-5, rtol=0)
 
   # Round trip: a fresh HF model loads our export strictly and gives the same logits.
-  exported = convert.params_to_hf(params, config)
+  exported = hf_bert.params_to_hf(params, config)
   hf2 = _hf_model(seed=1)
   hf2.load_state_dict({k: torch.from_numpy(v) for k, v in exported.items()}, strict=True)
   with torch.no_grad():
@@ -95,9 +99,9 @@ def test_same_weights_same_logits_as_huggingface_and_round_trip():
 
 def test_encoder_only_checkpoint_converts_with_a_clear_note():
   hf = _hf_model(transformers.BertModel)
-  config = convert.config_from_hf(hf.config.to_dict())
+  config = hf_bert.config_from_hf(hf.config.to_dict())
   with pytest.warns(UserWarning, match="no MLM head, NSP head"):
-    params = convert.params_from_hf(hf.state_dict(), config)
+    params = hf_bert.params_from_hf(hf.state_dict(), config)
   assert set(params) == {"bert"}
   ids, types, mask, _ = _batch()
   sequence, pooled = BertModel(config).apply({"params": params["bert"]}, ids, types, mask)
@@ -110,29 +114,29 @@ def test_encoder_only_checkpoint_converts_with_a_clear_note():
 
   masked_lm = _hf_model(transformers.BertForMaskedLM)
   with pytest.warns(UserWarning, match="no pooler, NSP head"):
-    params = convert.params_from_hf(masked_lm.state_dict(), config)
+    params = hf_bert.params_from_hf(masked_lm.state_dict(), config)
   assert "mlm" in params and "nsp" not in params and "pooler" not in params["bert"]
 
 
 def test_bad_checkpoints_name_the_key():
   hf = _hf_model()
-  config = convert.config_from_hf(hf.config.to_dict())
+  config = hf_bert.config_from_hf(hf.config.to_dict())
   state = {k: v.numpy() for k, v in hf.state_dict().items()}
   with pytest.raises(ValueError, match="Unknown keys.*bert.extra.weight"):
-    convert.params_from_hf({**state, "bert.extra.weight": np.zeros(3)}, config)
+    hf_bert.params_from_hf({**state, "bert.extra.weight": np.zeros(3)}, config)
   broken = dict(state)
   del broken["bert.encoder.layer.1.output.dense.bias"]
   with pytest.raises(ValueError, match="bert.encoder.layer.1.output.dense.bias"):
-    convert.params_from_hf(broken, config)
+    hf_bert.params_from_hf(broken, config)
   broken = dict(state)
   del broken["cls.seq_relationship.bias"]
   with pytest.raises(ValueError, match="cls.seq_relationship.bias"):
-    convert.params_from_hf(broken, config)
+    hf_bert.params_from_hf(broken, config)
   wrong = BertConfig(**{**SMALL, "intermediate_size": 96})
   with pytest.raises(ValueError, match="Shape mismatch for bert.encoder.layer.0.intermediate"):
-    convert.params_from_hf(state, wrong)
+    hf_bert.params_from_hf(state, wrong)
   with pytest.raises(ValueError, match="model_type"):
-    convert.config_from_hf({"model_type": "roberta"})
+    hf_bert.config_from_hf({"model_type": "roberta"})
 
 
 @pytest.fixture(scope="module")
@@ -187,8 +191,11 @@ def test_loss_counts_exactly_the_selected_positions(random_model):
 
   def loss_of(labels_):
     out = _ours(params, corrupted, types, mask, positions, config)
-    sums = losses.pretraining_sums(out, {**batch, "masked_lm_ids": labels_})
-    return losses.pretraining_loss(sums), sums
+    batch_ = {**batch, "masked_lm_ids": labels_}
+    sums = losses.pretraining_sums(out, batch_)
+    task = PretrainingTask(config, MaskingConfig(config.vocab_size, MASK, (0, MASK)), ids.shape[1],
+                           examples_per_row=1)
+    return task.loss(sums, task.loss_counts(batch_)), sums
 
   loss, sums = loss_of(labels)
   assert float(sums["mlm_count"]) == 5.0

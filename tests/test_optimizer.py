@@ -12,7 +12,10 @@ import optax
 import pytest
 
 from bert_jax import losses, optimizer as optimizer_lib
+from bert_jax.masking import MaskingConfig
 from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.tasks import PretrainingTask
+from bert_jax.weights import layout
 
 
 def _train_config(**overrides) -> ml_collections.ConfigDict:
@@ -103,7 +106,9 @@ def test_warmup_linear_schedule_is_kept():
 
 
 def _flat_names(tree) -> dict[str, np.ndarray]:
-  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
+  """Params by their names in the original's layout (one subtree per layer, `LayerNorm`), which
+  its weight-decay rule reads."""
+  flat = jax.tree_util.tree_flatten_with_path(layout.downgrade(tree))[0]
   return {"/".join(k.key for k in path): np.asarray(leaf) for path, leaf in flat}
 
 
@@ -112,6 +117,7 @@ def test_100_steps_equal_the_original_optimizer_on_a_small_model():
                             num_attention_heads=2, intermediate_size=64,
                             max_position_embeddings=16)
   model = BertForPreTraining(model_config)
+  task = PretrainingTask(model_config, MaskingConfig(64, 4, (0, 2, 3, 4)), 16, examples_per_row=1)
   rng = np.random.default_rng(0)
   batch = {
       "input_ids": jnp.asarray(rng.integers(5, 64, (4, 16)), jnp.int32),
@@ -133,7 +139,7 @@ def test_100_steps_equal_the_original_optimizer_on_a_small_model():
     def loss(p):
       outputs = model.apply({"params": p}, batch["input_ids"], batch["token_type_ids"],
                             batch["attention_mask"], batch["masked_lm_positions"])
-      return losses.pretraining_loss(losses.pretraining_sums(outputs, batch))
+      return task.loss(losses.pretraining_sums(outputs, batch), task.loss_counts(batch))
     return jax.grad(loss)(p)
 
   config = _train_config()
@@ -181,3 +187,36 @@ def test_first_steps_larger_than_bias_corrected_adamw():
 def test_unknown_optimizer_is_a_clear_error():
   with pytest.raises(ValueError, match="config.train.optimizer='sgd'.*bert_adamw"):
     optimizer_lib.make_optimizer(_train_config(optimizer="sgd"))
+
+
+def test_lamb_trust_ratio_is_per_layer_of_the_stacked_encoder():
+  """The encoder's layers are one stacked [S, ...] tensor per parameter: LAMB must still scale
+  each layer by its own trust ratio, as optax.lamb does over one tensor per layer."""
+  config = BertConfig(vocab_size=40, hidden_size=16, num_hidden_layers=3, num_attention_heads=2,
+                      intermediate_size=32, max_position_embeddings=8)
+  ids = jnp.zeros((1, 8), jnp.int32)
+  params = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x,
+                        BertForPreTraining(config).init(jax.random.key(0), ids, ids, ids,
+                                                        ids[:, :2])["params"],
+                        is_leaf=lambda x: hasattr(x, "unbox"))
+  rng = np.random.default_rng(0)
+  # Layers of very different scales: a shared (whole-tensor) ratio would differ per layer.
+  params = jax.tree_util.tree_map_with_path(
+      lambda path, x: x * (np.arange(1, 4, dtype=np.float32) ** 2).reshape(3, *[1] * (x.ndim - 1))
+      if optimizer_lib.is_stacked(path) else x, params)
+  config_train = _train_config(optimizer="lamb", max_grad_norm=0.0, warmup_steps=0)
+  ours, reference = optimizer_lib.make_optimizer(config_train), optax.lamb(
+      optimizer_lib.learning_rate_schedule(config_train), b1=0.9, b2=0.999, eps=1e-6,
+      weight_decay=0.01, mask=optimizer_lib.decay_mask)
+  ours_state, reference_state = ours.init(params), reference.init(layout.downgrade(params))
+  ours_params, reference_params = params, layout.downgrade(params)
+  step = jax.jit(lambda optimizer, grads, state, params: (
+      lambda updates, state: (optax.apply_updates(params, updates), state))(
+          *optimizer.update(grads, state, params)), static_argnums=0)
+  for _ in range(3):
+    grads = jax.tree.map(lambda x: jnp.asarray(rng.normal(size=x.shape), jnp.float32), params)
+    ours_params, ours_state = step(ours, grads, ours_state, ours_params)
+    reference_params, reference_state = step(reference, layout.downgrade(grads), reference_state,
+                                             reference_params)
+  jax.tree.map(lambda a, b: np.testing.assert_allclose(a, b, rtol=2e-5, atol=1e-7),
+               layout.downgrade(ours_params), reference_params)

@@ -91,9 +91,9 @@ def test_meshes_give_the_losses_of_one_device(single_device_run, mesh):
   np.testing.assert_allclose(losses, reference, rtol=1e-5)
   # Real updates happened (the MLM bias starts at zero), so the comparison covers them.
   assert np.abs(np.asarray(ref_state.params["mlm"]["bias"])).max() > 1e-4
-  kernel = state.params["bert"]["layer_0"]["intermediate"]["kernel"]
-  np.testing.assert_allclose(kernel, ref_state.params["bert"]["layer_0"]["intermediate"]["kernel"],
-                             rtol=1e-4, atol=1e-6)
+  layers, ref_layers = (s.params["bert"]["encoder"]["layers"] for s in (state, ref_state))
+  np.testing.assert_allclose(layers["mlp"]["intermediate"]["kernel"],
+                             ref_layers["mlp"]["intermediate"]["kernel"], rtol=1e-4, atol=1e-6)
 
 
 def test_parameters_carry_the_shardings_of_the_rules():
@@ -102,16 +102,18 @@ def test_parameters_carry_the_shardings_of_the_rules():
   P = jax.sharding.PartitionSpec
   assert params["bert"]["embeddings"]["word_embeddings"]["embedding"].sharding.spec == P(
       "tensor", "fsdp")
-  assert params["bert"]["layer_0"]["attention"]["query"]["kernel"].sharding.spec == P(
-      "fsdp", "tensor", None)
-  assert params["bert"]["layer_0"]["intermediate"]["kernel"].sharding.spec == P("fsdp", "tensor")
-  assert params["bert"]["layer_0"]["output"]["kernel"].sharding.spec == P("tensor", "fsdp")
+  # The stacked layer dimension [S] first, never split; then the rules' axes.
+  layers = params["bert"]["encoder"]["layers"]
+  assert layers["attention"]["query"]["kernel"].sharding.spec == P(None, "fsdp", "tensor", None)
+  assert layers["mlp"]["intermediate"]["kernel"].sharding.spec == P(None, "fsdp", "tensor")
+  assert layers["mlp"]["output"]["kernel"].sharding.spec == P(None, "tensor", "fsdp")
   # Adam's moments are sharded like their parameters.
   mu = state.opt_state[1][0].mu
-  assert mu["bert"]["layer_0"]["output"]["kernel"].sharding.spec == P("tensor", "fsdp")
-  # Each device holds 1/4 of the MLP kernel (fsdp=2 x tensor=2).
-  kernel = params["bert"]["layer_0"]["intermediate"]["kernel"]
-  assert kernel.addressable_shards[0].data.shape == (32, 64)
+  assert mu["bert"]["encoder"]["layers"]["mlp"]["output"]["kernel"].sharding.spec == P(
+      None, "tensor", "fsdp")
+  # Each device holds 1/4 of every layer's MLP kernel (fsdp=2 x tensor=2).
+  kernel = layers["mlp"]["intermediate"]["kernel"]
+  assert kernel.addressable_shards[0].data.shape == (1, 32, 64)
 
 
 def test_train_step_compiles_once(single_device_run):

@@ -16,7 +16,8 @@ import numpy as np
 
 from bert_jax.finetune_data import Record, TaskData
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import EMBED, BertConfig, pad_vocab
+from bert_jax.model import EMBED, BertConfig
+from bert_jax.weights.layout import pad_vocab
 from bert_jax.tasks.base import Batch, Task
 
 ENCODER = "bert"  # Name of the encoder submodule in every head model (pooler included).

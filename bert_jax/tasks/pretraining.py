@@ -12,7 +12,8 @@ import numpy as np
 
 from bert_jax import flops, losses
 from bert_jax.masking import MaskingConfig, mask_tokens
-from bert_jax.model import BertConfig, BertForPreTraining, pad_vocab
+from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.weights.layout import pad_vocab
 from bert_jax.tasks.base import Batch, Task
 
 

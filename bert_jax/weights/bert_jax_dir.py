@@ -2,8 +2,8 @@
 every loader reads fastest.
 
 It holds
-- `params/`: the `BertForPreTraining` params tree (an orbax checkpoint, float32), heads the
-  source lacked simply absent (never invented);
+- `params/`: the `BertForPreTraining` params tree (an orbax checkpoint, float32; the encoder's
+  layers stacked, `weights.layout`), heads the source lacked simply absent (never invented);
 - `bert_config.json`: the model config with HuggingFace's field names;
 - `vocab/`: the vocabulary (`Vocab.save`), when known;
 - `bert_jax_pretrained.json`: format version, which heads are present, where it came from.
@@ -22,7 +22,9 @@ from bert_jax.weights import files
 from bert_jax.weights import params as params_lib
 
 FORMAT_NAME = "bert_jax_pretrained"
-FORMAT_VERSION = 1
+# 2: the encoder's layers stacked [S, ...] (`weights.layout`); version 1 directories (one
+# subtree per layer) still load, converted.
+FORMAT_VERSION = 2
 FORMAT_FILE = "bert_jax_pretrained.json"
 CONFIG_FILE = "bert_config.json"
 PARAMS_DIR = "params"

@@ -5,7 +5,7 @@ also sharded behind an `.index.json`), the vocabulary from `tokenizer.json` or `
 BertModel, BertForMaskedLM and BertForPreTraining checkpoints load; heads they lack stay absent.
 Export (`save_hf`): `config.json`, `model.safetensors` with BertForPreTraining names, and the
 vocabulary, readable by `transformers`' `from_pretrained`. Parameter names and layouts come from
-`bert_jax.convert`'s one table.
+`bert_jax.weights.hf_bert`'s one table.
 
 Directories may be local or in a bucket (gs://, through `bert_jax.storage`): a bucket's weight
 files are read into memory and written from it.
@@ -21,10 +21,10 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from bert_jax import convert, storage
+from bert_jax import model as model_lib, storage
 from bert_jax.data.vocab import Vocab
 from bert_jax.model import BertConfig
-from bert_jax.weights import files
+from bert_jax.weights import files, hf_bert
 from bert_jax.weights import params as params_lib
 
 logger = logging.getLogger(__name__)
@@ -147,7 +147,7 @@ def params_from_state(state: Mapping[str, np.ndarray], config: BertConfig, sourc
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # Missing heads: reported once, by load_pretrained.
     try:
-      params = convert.params_from_hf(state, config)
+      params = hf_bert.params_from_hf(state, config)
     except ValueError as e:
       raise ValueError(f"{source}: {e}") from e
   return params_lib.check_params(params, config, source)
@@ -190,13 +190,13 @@ def hf_architecture(heads: Mapping[str, bool]) -> str:
 def _state_to_save(params: Mapping, config: BertConfig,
                    heads: Mapping[str, bool]) -> dict[str, np.ndarray]:
   """The HF state dict of checked `params`: absent heads and tied keys left out."""
-  # Absent heads are filled with zeros only to reuse convert's one table, then dropped again.
-  expected = convert._expected_shapes(config)  # pylint: disable=protected-access
+  # Absent heads are filled with zeros only to reuse hf_bert's one table, then dropped again.
+  expected = model_lib.param_shapes(config)
   flat = params_lib.flatten(params)
   filled = params_lib.unflatten(
       {p: flat.get(p, np.zeros(s, np.float32)) for p, s in expected.items()})
   absent = tuple(_HEAD_PREFIXES[h] for h, present in heads.items() if not present)
-  return {k: np.ascontiguousarray(v) for k, v in convert.params_to_hf(filled, config).items()
+  return {k: np.ascontiguousarray(v) for k, v in hf_bert.params_to_hf(filled, config).items()
           if k not in _TIED_KEYS and not k.startswith(absent)}
 
 

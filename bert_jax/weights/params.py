@@ -9,7 +9,6 @@ be absent.
 
 import dataclasses
 import logging
-import re
 import warnings
 from typing import Any, Mapping
 
@@ -17,9 +16,10 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from bert_jax import convert
+from bert_jax import model as model_lib
 from bert_jax.data.vocab import Vocab
 from bert_jax.model import BertConfig
+from bert_jax.weights import hf_bert, layout
 
 logger = logging.getLogger(__name__)
 
@@ -30,6 +30,7 @@ HEAD_TITLES = {"pooler": "pooler", "mlm": "MLM head", "nsp": "NSP head"}
 PRETRAINING_SUBTREES = ("bert", "mlm", "nsp")
 
 Path = tuple[str, ...]
+_LAYERS = ("bert", "encoder", "layers")  # The stacked [S, ...] layer params.
 
 
 def flatten(params: Mapping, prefix: Path = ()) -> dict[Path, Any]:
@@ -82,28 +83,23 @@ def _check_structure(flat: Mapping[Path, Any], expected: Mapping[Path, tuple[int
 
 
 def _check_layer_count(flat: Mapping[Path, Any], config: BertConfig, source: str) -> None:
-  """The tree's encoder layers are bert/layer_0 .. layer_{n-1} of the config (a config that
-  claims a billion layers is refused here, not by building them)."""
-  layers = {int(p[1][len("layer_"):]) for p in flat
-            if len(p) > 1 and p[0] == "bert" and re.fullmatch(r"layer_\d+", p[1])}
+  """The tree's stacked encoder layers (the leading dimension under bert/encoder/layers) are
+  the config's num_hidden_layers (named as such, rather than as a shape mismatch)."""
+  counts = {np.shape(v)[0] for p, v in flat.items() if p[:3] == _LAYERS and np.ndim(v)}
   n = config.num_hidden_layers
-  first_absent = next(i for i in range(len(layers) + 1) if i not in layers)
-  if first_absent < n:
-    raise ValueError(f"{source}: missing parameter bert/layer_{first_absent} (the config says "
-                     f"num_hidden_layers={n}, the params have {len(layers)} layers)")
-  extra = sorted(i for i in layers if i >= n)
-  if extra:
-    raise ValueError(f"{source}: parameters that BertForPreTraining does not have: "
-                     f"bert/layer_{extra[0]} (the config says num_hidden_layers={n})")
+  if counts and counts != {n}:
+    raise ValueError(f"{source}: the params have {sorted(counts)[0]} encoder layers, the config "
+                     f"says num_hidden_layers={n}")
 
 
 def check_params(params: Mapping, config: BertConfig, source: str) -> dict:
   """float32 numpy copy of `params` after checking it against `config`: every encoder
   parameter present, each head whole or absent, no unknown path, every shape right, every value
   finite. Errors are ValueErrors that start with `source`."""
-  flat = flatten(nn.meta.unbox(params))
-  _check_layer_count(flat, config, source)  # First: the shapes below are built per layer.
-  expected = convert._expected_shapes(config)  # pylint: disable=protected-access
+  # A tree saved before the encoder was scanned (one subtree per layer) is converted first.
+  flat = flatten(layout.upgrade(nn.meta.unbox(dict(params))))
+  _check_layer_count(flat, config, source)
+  expected = model_lib.param_shapes(config)
   _check_structure(flat, expected, source)
   out = {}
   for path, shape in expected.items():
@@ -160,7 +156,7 @@ def check_vocab_fits(vocab: Vocab, config: BertConfig, where: str) -> None:
 def config_from_dict(values: Mapping[str, Any], source: str) -> BertConfig:
   """HF-named config dict -> float32 BertConfig (dtype fields and unknown fields dropped)."""
   try:
-    return convert.config_from_hf(values)
+    return hf_bert.config_from_hf(values)
   except (TypeError, ValueError) as e:
     raise ValueError(f"{source}: {e}") from e
 

@@ -2,7 +2,7 @@
 beside it), read without TensorFlow.
 
 The tensors come from `tf_bundle.BundleReader`; `hf_name` renames google-research/bert variables
-to HuggingFace BertForPreTraining names, so `bert_jax.convert` stays the one mapping table into
+to HuggingFace BertForPreTraining names, so `bert_jax.weights.hf_bert` stays the one mapping table into
 bert_jax params. The checkpoint may be local or in a bucket (gs://).
 """
 

@@ -7,7 +7,7 @@ A fine-tuning run's params are a head model's (`{"bert": encoder, "classifier": 
 encoder loads, and exports to HuggingFace, like a pretrained one.
 
 Runs train with the vocabulary padded (`config.model.vocab_pad_multiple`); the params read here
-leave that layout (`model.unpad_vocab`): like every format's, they hold the real vocabulary.
+leave that layout (`layout.unpad_vocab`): like every format's, they hold the real vocabulary.
 """
 
 import logging
@@ -15,7 +15,8 @@ from typing import Mapping
 
 from bert_jax import checkpointing
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig, unpad_vocab
+from bert_jax.model import BertConfig
+from bert_jax.weights.layout import unpad_vocab
 from bert_jax.weights import params as params_lib
 
 logger = logging.getLogger(__name__)

@@ -1,10 +1,11 @@
-"""HuggingFace BERT state dicts <-> bert_jax params.
+"""HuggingFace BERT state dicts <-> bert_jax params: the one name mapping.
 
 One table (`_param_table`) lists every parameter once: its HuggingFace name, its path in the
-bert_jax tree and the layout change between them (PyTorch `Linear` stores [out, in]; Flax stores
-[in, out], with attention kernels split per head). Both directions read the same table.
-HuggingFace state dicts hold the real vocabulary; bert_jax params follow their config's padding
-(`BertConfig.vocab_pad_multiple`; `model.pad_vocab` / `model.unpad_vocab` at the boundary).
+bert_jax tree (with the layer index for the encoder's stacked [S, ...] layer params) and the
+layout change between them (PyTorch `Linear` stores [out, in]; Flax stores [in, out], with
+attention kernels split per head). Both directions read the same table. HuggingFace state dicts
+hold the real vocabulary; bert_jax params follow their config's padding
+(`BertConfig.vocab_pad_multiple`; `layout.pad_vocab` / `layout.unpad_vocab` at the boundary).
 """
 
 import dataclasses
@@ -17,7 +18,8 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from bert_jax.model import BertConfig, pad_vocab, unpad_vocab
+from bert_jax.model import BertConfig, param_shapes
+from bert_jax.weights.layout import pad_vocab, unpad_vocab
 
 # HuggingFace keys that are buffers, not parameters: accepted and ignored.
 _BUFFER_SUFFIXES = ("embeddings.position_ids", "embeddings.token_type_ids")
@@ -30,38 +32,41 @@ class _Entry:
   hf_name: str  # BertForPreTraining name.
   path: tuple[str, ...]  # Path in the bert_jax params tree.
   layout: str  # "copy", "linear", "heads_in" (q/k/v kernel), "heads_bias", "heads_out".
+  layer: int | None = None  # Index into the stacked [S, ...] leaf at `path` (encoder layers).
 
 
 def _param_table(config: BertConfig) -> list[_Entry]:
   entries = []
 
-  def add(hf, path, layout="copy"):
-    entries.append(_Entry(hf, tuple(path.split("/")), layout))
+  def add(hf, path, layout="copy", layer=None):
+    entries.append(_Entry(hf, tuple(path.split("/")), layout, layer))
 
-  def layer_norm(hf, path):
-    add(f"{hf}.weight", f"{path}/scale")
-    add(f"{hf}.bias", f"{path}/bias")
+  def layer_norm(hf, path, layer=None):
+    add(f"{hf}.weight", f"{path}/scale", layer=layer)
+    add(f"{hf}.bias", f"{path}/bias", layer=layer)
 
-  def linear(hf, path, kernel_layout="linear", bias_layout="copy"):
-    add(f"{hf}.weight", f"{path}/kernel", kernel_layout)
-    add(f"{hf}.bias", f"{path}/bias", bias_layout)
+  def linear(hf, path, kernel_layout="linear", bias_layout="copy", layer=None):
+    add(f"{hf}.weight", f"{path}/kernel", kernel_layout, layer)
+    add(f"{hf}.bias", f"{path}/bias", bias_layout, layer)
 
   e = "bert.embeddings"
   for name in ("word_embeddings", "position_embeddings", "token_type_embeddings"):
     add(f"{e}.{name}.weight", f"bert/embeddings/{name}/embedding")
-  layer_norm(f"{e}.LayerNorm", "bert/embeddings/LayerNorm")
+  layer_norm(f"{e}.LayerNorm", "bert/embeddings/norm")
+  ours = "bert/encoder/layers"
   for i in range(config.num_hidden_layers):
-    hf, ours = f"bert.encoder.layer.{i}", f"bert/layer_{i}"
+    hf = f"bert.encoder.layer.{i}"
     for name in ("query", "key", "value"):
-      linear(f"{hf}.attention.self.{name}", f"{ours}/attention/{name}", "heads_in", "heads_bias")
-    linear(f"{hf}.attention.output.dense", f"{ours}/attention/output", "heads_out")
-    layer_norm(f"{hf}.attention.output.LayerNorm", f"{ours}/attention_LayerNorm")
-    linear(f"{hf}.intermediate.dense", f"{ours}/intermediate")
-    linear(f"{hf}.output.dense", f"{ours}/output")
-    layer_norm(f"{hf}.output.LayerNorm", f"{ours}/output_LayerNorm")
+      linear(f"{hf}.attention.self.{name}", f"{ours}/attention/{name}", "heads_in", "heads_bias",
+             layer=i)
+    linear(f"{hf}.attention.output.dense", f"{ours}/attention/output", "heads_out", layer=i)
+    layer_norm(f"{hf}.attention.output.LayerNorm", f"{ours}/attention_norm", layer=i)
+    linear(f"{hf}.intermediate.dense", f"{ours}/mlp/intermediate", layer=i)
+    linear(f"{hf}.output.dense", f"{ours}/mlp/output", layer=i)
+    layer_norm(f"{hf}.output.LayerNorm", f"{ours}/mlp_norm", layer=i)
   linear("bert.pooler.dense", "bert/pooler")
   linear("cls.predictions.transform.dense", "mlm/transform")
-  layer_norm("cls.predictions.transform.LayerNorm", "mlm/transform_LayerNorm")
+  layer_norm("cls.predictions.transform.LayerNorm", "mlm/transform_norm")
   add("cls.predictions.bias", "mlm/bias")
   linear("cls.seq_relationship", "nsp")
   return entries
@@ -79,19 +84,10 @@ def _hf_shape(entry: _Entry, config: BertConfig, ours_shape: tuple[int, ...]) ->
   return ours_shape
 
 
-def _expected_shapes(config: BertConfig) -> dict[tuple[str, ...], tuple[int, ...]]:
-  """Shapes of every bert_jax parameter, from the model itself (no compute)."""
-  import jax  # Local: keeps `config_from_hf` importable without initialising a backend.
-  import jax.numpy as jnp
-  import flax.linen as nn
-  from bert_jax.model import BertForPreTraining
-  ids = jnp.zeros((1, 2), jnp.int32)
-  abstract = jax.eval_shape(
-      lambda: BertForPreTraining(config).init(jax.random.key(0), ids, ids, ids, ids))
-  flat = {}
-  for path, leaf in jax.tree_util.tree_flatten_with_path(nn.meta.unbox(abstract["params"]))[0]:
-    flat[tuple(k.key for k in path)] = tuple(leaf.shape)
-  return flat
+def _entry_shape(entry: _Entry, shapes) -> tuple[int, ...]:
+  """The bert_jax shape of one entry: the leaf's, or one layer of a stacked leaf."""
+  shape = shapes[entry.path]
+  return shape if entry.layer is None else shape[1:]
 
 
 def _to_ours(array: np.ndarray, entry: _Entry, ours_shape) -> np.ndarray:
@@ -203,7 +199,7 @@ def params_from_hf(state_dict: Mapping[str, Any], config: BertConfig) -> dict:
   padded_config, config = config, dataclasses.replace(config, vocab_pad_multiple=1)
   tensors = _normalise_keys(state_dict)
   check_layer_count(tensors, config)  # Before the table: a config may claim a billion layers.
-  shapes = _expected_shapes(config)
+  shapes = param_shapes(config)
   table = _param_table(config)
   known = {entry.hf_name for entry in table}
   decoder_weight = tensors.pop("cls.predictions.decoder.weight", None)
@@ -228,22 +224,31 @@ def params_from_hf(state_dict: Mapping[str, Any], config: BertConfig) -> dict:
                        f"{next(n for n in names if n not in tensors)} (the {group} is incomplete)")
   skipped = tuple(groups[g] for g in absent)
 
-  params: dict = {}
+  flat: dict[tuple[str, ...], Any] = {}  # Path -> array, or {layer: array} for stacked leaves.
   for entry in table:
     if entry.hf_name.startswith(skipped):
       continue
     if entry.hf_name not in tensors:
       raise ValueError(f"Missing key in the checkpoint: {entry.hf_name}")
     array = tensors[entry.hf_name]
-    ours_shape = shapes[entry.path]
+    ours_shape = _entry_shape(entry, shapes)
     expected = _hf_shape(entry, config, ours_shape)
     if tuple(array.shape) != expected:
       raise ValueError(f"Shape mismatch for {entry.hf_name}: checkpoint has {tuple(array.shape)},"
                        f" the config expects {expected}")
+    ours = _to_ours(array, entry, ours_shape).astype(config.param_dtype)
+    if entry.layer is None:
+      flat[entry.path] = ours
+    else:
+      flat.setdefault(entry.path, {})[entry.layer] = ours
+  params: dict = {}
+  for path, value in flat.items():
+    if isinstance(value, dict):  # The layers of one stacked leaf, 0 .. S-1.
+      value = np.stack([value[i] for i in range(len(value))])
     node = params
-    for key in entry.path[:-1]:
+    for key in path[:-1]:
       node = node.setdefault(key, {})
-    node[entry.path[-1]] = _to_ours(array, entry, ours_shape).astype(config.param_dtype)
+    node[path[-1]] = value
 
   if decoder_weight is not None and not np.allclose(
       decoder_weight, tensors["bert.embeddings.word_embeddings.weight"], atol=1e-6):
@@ -282,7 +287,7 @@ def params_to_hf(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:
   BertForPreTraining names (numpy, the real vocabulary), including the tied decoder weight and
   bias that `load_state_dict(strict=True)` expects."""
   config, params = unpad_vocab(config, params)
-  shapes = _expected_shapes(config)
+  shapes = param_shapes(config)
   out = {}
   for entry in _param_table(config):
     node = params
@@ -296,8 +301,10 @@ def params_to_hf(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:
     if tuple(array.shape) != shapes[entry.path]:
       raise ValueError(f"Shape mismatch for {'/'.join(entry.path)}: {tuple(array.shape)} vs "
                        f"{shapes[entry.path]} from the config")
+    if entry.layer is not None:
+      array = array[entry.layer]
     out[entry.hf_name] = np.ascontiguousarray(
-        _to_hf(array, entry, _hf_shape(entry, config, shapes[entry.path])))
+        _to_hf(array, entry, _hf_shape(entry, config, _entry_shape(entry, shapes))))
   out["cls.predictions.decoder.weight"] = out["bert.embeddings.word_embeddings.weight"]
   out["cls.predictions.decoder.bias"] = out["cls.predictions.bias"]
   return out
