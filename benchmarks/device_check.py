@@ -197,13 +197,13 @@ def _is_oom(error: BaseException) -> bool:
 def _compile(config, task, mesh, device_bytes: float | None):
   """(program, compiled step, XLA memory report, compile seconds), the batch halved while XLA's
   memory analysis says the step would not fit in 90% of the device."""
-  from bert_jax import trainer  # pylint: disable=import-outside-toplevel
-  prog = trainer.make_program(config, task, mesh)
+  from bert_jax import programs  # pylint: disable=import-outside-toplevel
+  prog = programs.make_program(config, task, mesh)
   while True:
     start = time.perf_counter()
-    compiled = trainer.compile_step(config, task, mesh, prog, log=lambda message: None)
+    compiled = programs.compile_step(config, task, mesh, prog, log=lambda message: None)
     seconds = time.perf_counter() - start
-    memory = trainer.memory_report(compiled)
+    memory = programs.memory_report(compiled)
     too_big = device_bytes and memory.get("total_gib", 0) * 2**30 > 0.9 * device_bytes
     if not too_big or config.train.batch_size <= 1:
       return prog, compiled, memory, seconds
@@ -263,7 +263,7 @@ def run_shape(shape: Shape, plan: Plan, scale: float, peak: float, device) -> di
 def throughput(plan: Plan, deadline: float, peak: float, device, emit: Callable) -> str | None:
   """Section 1; returns the fastest attention implementation that ran, by mean tokens/s."""
   import jax  # pylint: disable=import-outside-toplevel
-  from bert_jax import trainer  # pylint: disable=import-outside-toplevel
+  from bert_jax import programs  # pylint: disable=import-outside-toplevel
   speeds: dict[str, list[float]] = {}
   for shape in plan.shapes:
     row = {"section": "throughput", **dataclasses.asdict(shape), "dtype": "bfloat16",
@@ -289,7 +289,7 @@ def throughput(plan: Plan, deadline: float, peak: float, device, emit: Callable)
               "traceback": traceback.format_exc()[-4000:]})
         break
       finally:
-        trainer.program.cache_clear()
+        programs.program.cache_clear()
         jax.clear_caches()
         gc.collect()
   if not speeds:

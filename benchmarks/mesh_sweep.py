@@ -63,17 +63,17 @@ def lower_report(config) -> dict:
   the train step lowered with every sharding resolved against the mesh."""
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
-  from bert_jax import config_checks, sharding, train, trainer  # pylint: disable=import-outside-toplevel
+  from bert_jax import config_checks, programs, sharding, train  # pylint: disable=import-outside-toplevel
   from bert_jax.model import BertConfig  # pylint: disable=import-outside-toplevel
   config_checks.check_pretraining(config)
   task = train.pretraining_task(config, BertConfig.from_config(config.model), None)
   mesh = sharding.make_mesh(config.mesh)
-  trainer.check_mesh(config, task.model_config, mesh)
-  prog = trainer.make_program(config, task, mesh)
+  programs.check_mesh(config, task.model_config, mesh)
+  prog = programs.make_program(config, task, mesh)
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
     target = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
                           prog.abstract_state, prog.state_shardings)
-    prog.train_step.lower(target, trainer.batch_spec(task, config.train.batch_size, mesh),
+    prog.train_step.lower(target, programs.batch_spec(task, config.train.batch_size, mesh),
                           jax.random.key(0))
   return {}
 

@@ -44,7 +44,7 @@ class Variant:
   def __init__(self, name: str, examples_per_row: int, workdir: str):
     import jax
     import flax.linen as nn
-    from bert_jax import sharding, train, trainer
+    from bert_jax import programs, sharding, train
     from bert_jax.data import builtin, pipeline
     from bert_jax.model import BertConfig
     self.name, self.config = name, _config(examples_per_row)
@@ -55,7 +55,7 @@ class Variant:
     self.mesh = sharding.make_mesh(self.config.mesh, jax.devices()[:1])
     self.rules = sharding.logical_rules(self.config.mesh)
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      self.program = trainer.make_program(self.config, self.task, self.mesh)
+      self.program = programs.make_program(self.config, self.task, self.mesh)
     self.key = jax.random.fold_in(jax.random.key(self.config.seed), 2)
     self.reset()
 
@@ -91,12 +91,16 @@ class Variant:
     self.train_seconds += elapsed
     return steps, real, elapsed
 
-  def evaluate(self, run) -> dict:
+  def evaluate(self, eval_batches) -> dict:
+    """Held-out metrics of the variant's params on `eval_batches()` (the same rows for all)."""
     import jax
     import flax.linen as nn
-    from bert_jax import trainer
+    from bert_jax import evaluation
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      return trainer.evaluate(self.state.params, self.config, run, self.program, self.mesh)
+      outputs, sums = evaluation.evaluate(self.state.params, self.program.eval_step,
+                                          eval_batches(), self.mesh, self.config.seed,
+                                          keep_outputs=False)
+    return self.task.scores(outputs, sums, None).metrics
 
 
 def throughput(variants, reps: int, seconds: float) -> list[dict]:
@@ -169,15 +173,13 @@ def main():
   parser.add_argument("--slice_seconds", type=float, default=30.0)
   parser.add_argument("--eval_max_batches", type=int, default=16)
   args = parser.parse_args()
-  from bert_jax import trainer
   from bert_jax.data import pipeline
 
   variants = [Variant("unpacked (K=1)", 1, args.workdir),
               Variant(f"packed (K={args.examples_per_row})", args.examples_per_row, args.workdir)]
   unpacked = variants[0]
-  eval_run = trainer.Run(
-      task=unpacked.task, train_iter=None, eval_data=None, meta={}, vocab=None,
-      eval_batches=lambda: pipeline.make_eval_batches(
+  eval_run = (  # The unpacked split's rows: the same held-out examples for both variants.
+      lambda: pipeline.make_eval_batches(
           unpacked.dataset_dir, global_batch_size=unpacked.config.train.eval_batch_size,
           process_index=0, process_count=1, max_batches=args.eval_max_batches))
   results = throughput(variants, args.reps, args.seconds_per_rep)

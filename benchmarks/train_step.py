@@ -2,7 +2,7 @@
 
 What is timed, per implementation, is one full optimizer step on a [B, L] batch: forward with
 dropout 0.1 (train mode), MLM + NSP loss, backward, global-norm clipping (1.0) and AdamW.
-  - bert_jax: the trainer's compiled step (`bert_jax.trainer.make_program`) on a 1-device mesh (masking inside the jitted
+  - bert_jax: the trainer's compiled step (`bert_jax.programs.make_program`) on a 1-device mesh (masking inside the jitted
     step, P gathered MLM positions, state donated), run as the train loop runs it (AOT-compiled).
   - hf_torch: transformers' PyTorch `BertForPreTraining` built from a `BertConfig` (no download),
     `model(..., labels=, next_sentence_label=)` (logits at all L positions, labels -100 except at
@@ -103,7 +103,7 @@ class BertJaxWorker:
     import flax.linen as nn
     import jax
     import numpy as np
-    from bert_jax import sharding, trainer
+    from bert_jax import programs, sharding
     from bert_jax.masking import MaskingConfig
     from bert_jax.model import BertConfig
     from bert_jax.tasks import PretrainingTask
@@ -131,7 +131,7 @@ class BertJaxWorker:
     task = PretrainingTask(model_config, masking, length, 1)
     self.mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
-      program = trainer.make_program(config, task, self.mesh)
+      program = programs.make_program(config, task, self.mesh)
       self.state = program.init(jax.random.key(0))
       self.batch = sharding.global_batch_from_local(host, self.mesh)
       self.key = jax.random.key(1)

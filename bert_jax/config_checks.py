@@ -136,7 +136,7 @@ def mesh_axis() -> Check:
 
 
 def profile_window() -> Check:
-  """(start, count) of non-negative ints: trainer._Profiler."""
+  """(start, count) of non-negative ints: reporting.Profiler."""
   def check(value: Any) -> str | None:
     if (isinstance(value, (tuple, list)) and len(value) == 2
         and all(_is_int(x) and x >= 0 for x in value)):

@@ -16,7 +16,7 @@ from typing import Any
 
 import jax
 
-from bert_jax import config_checks, finetune_data, sharding, storage, tasks, trainer
+from bert_jax import config_checks, finetune_data, programs, sharding, storage, tasks, trainer
 from bert_jax.data.vocab import Vocab
 from bert_jax.metrics_writer import console
 from bert_jax.model import BertConfig
@@ -38,7 +38,7 @@ def check(config) -> None:
   """Every value of `config` and the batch sizes against the mesh (one clear error naming the
   field), before the workdir is touched or anything is compiled."""
   config_checks.check_finetuning(config)
-  trainer.check_batch_sizes(config, sharding.make_mesh(config.mesh))
+  programs.check_batch_sizes(config, sharding.make_mesh(config.mesh))
 
 
 def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any
 import jax
 from jax.experimental import multihost_utils
 
-from bert_jax import checkpointing, config_checks, sharding, storage, trainer
+from bert_jax import checkpointing, config_checks, programs, sharding, storage, trainer
 from bert_jax.data import builtin, packing, pipeline
 from bert_jax.data.vocab import Vocab
 from bert_jax.masking import MaskingConfig
@@ -35,7 +35,7 @@ def check(config) -> None:
 def _check_config(config) -> None:
   """The config's values, and the model and batch sizes against the mesh (no I/O)."""
   config_checks.check_pretraining(config)
-  trainer.check_mesh(config, BertConfig.from_config(config.model),
+  programs.check_mesh(config, BertConfig.from_config(config.model),
                      sharding.make_mesh(config.mesh))
   for size in (config.train.batch_size, config.train.eval_batch_size):
     pipeline.per_host_batch_size(size, jax.process_count())
@@ -65,7 +65,7 @@ def compile_report(config) -> dict[str, Any]:
   """Per-device memory and FLOPs of the compiled train step, from abstract shapes only."""
   config_checks.check_pretraining(config)
   model_config = BertConfig.from_config(config.model)
-  return trainer.compile_report(config, pretraining_task(config, model_config, None))
+  return programs.compile_report(config, pretraining_task(config, model_config, None))
 
 
 def examples_per_row(config) -> int:

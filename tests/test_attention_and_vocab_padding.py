@@ -13,7 +13,7 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import losses, sharding, tasks, train, trainer
+from bert_jax import losses, resume, sharding, tasks, train
 from bert_jax.weights import hf_bert
 from bert_jax.model import (BertConfig, BertForPreTraining, attention_mask_from_segments,
                             einsum_attention)
@@ -217,7 +217,7 @@ def test_random_replacements_are_drawn_from_the_real_vocabulary_only():
 
 
 class _SavedCheckpoint:
-  """What `trainer.check_resumable` reads of a Checkpointer: one checkpoint and its meta."""
+  """What `resume.check_resumable` reads of a Checkpointer: one checkpoint and its meta."""
   directory = "workdir/checkpoints"
 
   def __init__(self, model_config: dict):
@@ -235,13 +235,12 @@ def test_resuming_with_another_vocabulary_padding_is_refused():
   config = _train_config()
   padded_config = BertConfig.from_config(config.model)
   task = train.pretraining_task(config, padded_config, None)
-  run = trainer.Run(task=task, train_iter=None, eval_batches=None, eval_data=None,
-                    meta={"model_config": dataclasses.asdict(padded_config)}, vocab=None)
+  meta = {"model_config": dataclasses.asdict(padded_config)}
   old = dataclasses.asdict(padded_config)
   del old["vocab_pad_multiple"]  # A checkpoint from before the field: unpadded.
   with pytest.raises(ValueError, match=r"workdir/checkpoints/7 was trained with "
                                        r"vocab_pad_multiple=1, this run's config.model."
                                        r"vocab_pad_multiple is 128; set it to 1 to resume"):
-    trainer.check_resumable(_SavedCheckpoint(old), run, allow_vocab_change=False)
-  trainer.check_resumable(_SavedCheckpoint({**old, "vocab_pad_multiple": 64}), run,
-                          allow_vocab_change=False)  # 256 rows.
+    resume.check_resumable(_SavedCheckpoint(old), task, meta, allow_vocab_change=False)
+  resume.check_resumable(_SavedCheckpoint({**old, "vocab_pad_multiple": 64}), task, meta,
+                         allow_vocab_change=False)  # 256 rows.

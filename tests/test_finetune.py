@@ -14,7 +14,8 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import finetune, finetune_data, predict, sharding, tasks, train, trainer, weights
+from bert_jax import (evaluation, finetune, finetune_data, predict, programs, sharding, tasks, train,
+                      weights)
 from bert_jax.weights import layout
 from bert_jax.model import BertConfig
 from bert_jax.tasks import classification, qa, tagging
@@ -677,11 +678,12 @@ def test_qa_eval_scores_each_question_once_over_its_windows(tmp_path):
   data = task.encode(records, vocab)
   assert len(data.examples) == 4 and len(data) == 3 + 4 + 4 + 1
   mesh = sharding.make_mesh(config.mesh)
-  run = trainer.Run(task=task, train_iter=None, eval_data=data, meta={}, vocab=None,
-                    eval_batches=lambda: finetune_data.eval_batches(data, 8))
-  scores = trainer.evaluate(None, config, run, trainer.make_program(config, task, mesh), mesh)
-  assert scores["examples"] == 4 and scores["windows"] == 12
-  assert scores["exact_match"] == 1.0 and scores["f1"] == 1.0
+  outputs, sums = evaluation.evaluate(
+      None, programs.make_program(config, task, mesh).eval_step,
+      finetune_data.eval_batches(data, 8), mesh, config.seed, task.keeps_eval_outputs)
+  scores = task.scores(outputs, sums, data)
+  assert scores.counts == {"examples": 4, "windows": 12}
+  assert scores.metrics["exact_match"] == 1.0 and scores.metrics["f1"] == 1.0
   outputs = task.eval_outputs(None, {**data.arrays, "example_weight": np.ones(len(data))})[0]
   per_window = [qa.best_span(np.asarray(outputs["start_logits"][row]),
                              np.asarray(outputs["end_logits"][row]),

@@ -16,7 +16,7 @@ import jax
 import pytest
 from absl import flags
 
-from bert_jax import distributed, flops, trainer
+from bert_jax import distributed, flops, reporting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -273,4 +273,4 @@ def test_mfu_peak_counts_every_device_and_is_never_one_devices_guess():
 def test_the_trainer_reports_no_mfu_for_an_unknown_chip(monkeypatch):
   monkeypatch.setattr(jax, "devices", lambda: [_Device("Mystery Accelerator")] * 8)
   task = type("Task", (), {"flops_per_example": lambda self: 1.0e9})()
-  assert trainer._peak_flops(task) is None  # pylint: disable=protected-access
+  assert reporting.peak_flops(task) is None

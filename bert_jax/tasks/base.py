@@ -8,6 +8,7 @@ gathered outputs into the numbers a user reads. Metrics are sums plus counts so 
 microbatches, batches and hosts are exact.
 """
 
+import dataclasses
 from typing import Any, ClassVar
 
 import flax.linen as nn
@@ -20,6 +21,14 @@ from bert_jax.model import BertConfig
 Batch = dict[str, jax.Array]
 
 
+@dataclasses.dataclass
+class Scores:
+  """An evaluation: the task's metrics (what a best checkpoint is picked by) and, apart, the
+  counts of what was scored ({"examples": 954}; QA also its windows)."""
+  metrics: dict[str, float]
+  counts: dict[str, float]
+
+
 class Task:
   """The interface; subclasses set `model`, `loss_terms` and override what they need."""
 
@@ -28,12 +37,16 @@ class Task:
   loss_terms: ClassVar[tuple[tuple[str, str], ...]]
   # Metrics of the console line (after "loss"), in order.
   log_keys: ClassVar[tuple[str, ...]] = ()
+  # Whether evaluation gathers per-row outputs for `scores` (else the sums alone suffice).
+  keeps_eval_outputs: ClassVar[bool] = False
   model: nn.Module
   model_config: BertConfig  # The encoder's shape (mesh checks, vocabulary padding, FLOPs).
   # Top-level params subtrees the optimizer leaves bit-identical (a frozen encoder).
   frozen: tuple[str, ...] = ()
 
   # ------------------------------------------------------------ shapes (host, static)
+  seq_len: int  # L: tokens per row of its batches (the slots throughput is counted against).
+
   def example_inputs(self) -> tuple:
     """Positional inputs (batch 1) that `model.init` traces."""
     raise NotImplementedError
@@ -75,10 +88,10 @@ class Task:
     """Summed train metrics (over steps) -> means for the log."""
     raise NotImplementedError
 
-  def scores(self, outputs: dict[str, np.ndarray], sums: dict[str, float],
-             data) -> dict[str, float]:
-    """Evaluation metrics from the outputs of every real eval row (in order) and the summed
-    sums; `data` is the evaluation data the driver passed (None for pretraining)."""
+  def scores(self, outputs: dict[str, np.ndarray], sums: dict[str, float], data) -> Scores:
+    """The evaluation from the outputs of every real eval row (in order; empty unless
+    `keeps_eval_outputs`) and the summed sums; `data` is the evaluation data the driver passed
+    (None for pretraining)."""
     raise NotImplementedError
 
   def initial_params(self, pretrained: dict) -> dict:

@@ -18,7 +18,7 @@ from bert_jax.finetune_data import Record, TaskData
 from bert_jax.data.vocab import Vocab
 from bert_jax.model import EMBED, BertConfig
 from bert_jax.weights.layout import pad_vocab
-from bert_jax.tasks.base import Batch, Task
+from bert_jax.tasks.base import Batch, Scores, Task
 
 ENCODER = "bert"  # Name of the encoder submodule in every head model (pooler included).
 
@@ -81,6 +81,7 @@ class FinetuneTask(Task):
   settings: FinetuneSettings
 
   loss_terms = (("loss_sum", "loss_count"),)
+  keeps_eval_outputs = True  # Predictions are decoded from the per-row outputs.
   input_names: ClassVar[tuple[str, ...]] = ("input_ids", "token_type_ids", "attention_mask")
   # Per-example fields of a train batch besides the inputs: name -> (shape, dtype), with L for
   # the sequence length.
@@ -89,6 +90,10 @@ class FinetuneTask(Task):
   @property
   def frozen(self) -> tuple[str, ...]:
     return (ENCODER,) if self.settings.freeze_encoder else ()
+
+  @property
+  def seq_len(self) -> int:
+    return self.settings.max_seq_length
 
   @property
   def num_outputs(self) -> int:
@@ -146,10 +151,10 @@ class FinetuneTask(Task):
     return {}
 
   def scores(self, outputs: dict[str, np.ndarray], sums: dict[str, float],
-             data: TaskData) -> dict[str, float]:
+             data: TaskData) -> Scores:
     predicted = self.predictions(outputs, data)
-    return {"loss": sums["loss_sum"] / max(sums["loss_count"], 1.0),
-            **self.score(predicted, data), "examples": len(data.examples)}
+    return Scores({"loss": sums["loss_sum"] / max(sums["loss_count"], 1.0),
+                   **self.score(predicted, data)}, {"examples": len(data.examples)})
 
   def initial_params(self, pretrained: dict) -> dict:
     # Real vocabulary rows in (every weight format's), the model's padding out.

@@ -14,7 +14,7 @@ from bert_jax import flops, losses
 from bert_jax.masking import MaskingConfig, mask_tokens
 from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.weights.layout import pad_vocab
-from bert_jax.tasks.base import Batch, Task
+from bert_jax.tasks.base import Batch, Scores, Task
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,9 +71,10 @@ class PretrainingTask(Task):
   def report(self, sums: dict[str, float]) -> dict[str, float]:
     return losses.means(sums)
 
-  def scores(self, outputs: dict[str, np.ndarray], sums: dict[str, float], data) -> dict:
+  def scores(self, outputs: dict[str, np.ndarray], sums: dict[str, float], data) -> Scores:
     del outputs, data
-    return {**losses.means(sums), "examples": sums["nsp_count"]}
+    return Scores(losses.means(sums), {"examples": sums["nsp_count"],
+                                       "targets": sums["mlm_count"]})
 
   def initial_params(self, pretrained: dict) -> dict:
     return pad_vocab(pretrained, self.model_config)  # Real rows in; the model's padding.

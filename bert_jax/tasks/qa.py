@@ -332,8 +332,10 @@ class QATask(FinetuneTask):
   def score(self, predicted: list[dict[str, Any]], data: TaskData) -> dict[str, float]:
     return squad_scores([p["answer"] for p in predicted], [e["answers"] for e in data.examples])
 
-  def scores(self, outputs, sums, data: TaskData) -> dict[str, float]:
-    return {**super().scores(outputs, sums, data), "windows": len(data)}
+  def scores(self, outputs, sums, data: TaskData):
+    scores = super().scores(outputs, sums, data)
+    scores.counts["windows"] = len(data)  # Model rows: a question's passage may take several.
+    return scores
 
   def main_metric(self) -> str:
     return "f1"

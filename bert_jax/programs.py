@@ -1,0 +1,141 @@
+"""The compiled programs of a run: the jitted init, train step and eval step of one task,
+optimizer and mesh (cached, so runs in one process that differ only in data or starting weights
+share their compilations), the checks of the mesh and batch sizes before anything compiles, and
+the report of a compiled step's memory and FLOPs (`launch/train.py --compile_only`)."""
+
+import dataclasses
+import functools
+import time
+from typing import Any, Callable
+
+import flax.linen as nn
+import jax
+import ml_collections
+
+from bert_jax import optimizer as optimizer_lib, sharding, steps
+from bert_jax.tasks.base import Task
+
+# The config.train fields the compiled step depends on (with the task, mesh and rules).
+STEP_FIELDS = ("optimizer", "schedule", "learning_rate", "warmup_steps", "num_train_steps",
+               "weight_decay", "b1", "b2", "eps", "max_grad_norm", "grad_accum_steps")
+
+
+@dataclasses.dataclass(frozen=True)
+class Program:
+  """What one task + optimizer fields + mesh compile to."""
+  state_shardings: Any  # NamedShardings of the TrainState.
+  abstract_state: Any  # Its unboxed ShapeDtypeStructs.
+  init: Any  # key -> TrainState, born sharded.
+  train_step: Any  # (state, batch, key) -> (state, metrics); state donated.
+  eval_step: Any  # (params, batch, key) -> (outputs, sums).
+
+  def sharded_abstract_state(self):
+    """The abstract state with its shardings (a restore target; what compiling lowers)."""
+    return jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
+                        self.abstract_state, self.state_shardings)
+
+
+@functools.lru_cache(maxsize=8)
+def program(task: Task, step_items: tuple[tuple[str, Any], ...], mesh, rules) -> Program:
+  """The jitted functions of `task` with the `STEP_FIELDS` of config.train on `mesh`."""
+  train_config = ml_collections.ConfigDict(dict(step_items))
+  optimizer = optimizer_lib.make_optimizer(train_config, task.frozen)
+  init_fn = functools.partial(steps.init_state, task=task, optimizer=optimizer)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
+    abstract = jax.eval_shape(init_fn, jax.random.key(0))
+    shardings = sharding.logical_to_shardings(abstract, mesh, rules)
+  unboxed = jax.tree.map(lambda x: x.unbox(apply_constraint=False)
+                         if isinstance(x, nn.Partitioned) else x, abstract,
+                         is_leaf=lambda x: isinstance(x, nn.Partitioned))
+  step_fn = functools.partial(
+      steps.train_step, task=task, optimizer=optimizer,
+      schedule=optimizer_lib.learning_rate_schedule(train_config),
+      grad_accum_steps=train_config.grad_accum_steps)
+  return Program(
+      state_shardings=shardings, abstract_state=unboxed,
+      init=jax.jit(lambda key: nn.meta.unbox(init_fn(key)), out_shardings=shardings),
+      train_step=jax.jit(step_fn, in_shardings=(shardings, None, None),
+                         out_shardings=(shardings, None), donate_argnums=0),
+      eval_step=jax.jit(functools.partial(steps.eval_step, task=task)))
+
+
+def make_program(config, task: Task, mesh) -> Program:
+  items = tuple((name, config.train[name]) for name in STEP_FIELDS)
+  return program(task, items, mesh, sharding.logical_rules(config.mesh))
+
+
+def check_mesh(config, model_config, mesh) -> None:
+  """The model's sharded dimensions and the batch sizes against the mesh, before compiling."""
+  sharding.check_divisibility(model_config, dict(mesh.shape), sharding.logical_rules(config.mesh))
+  check_batch_sizes(config, mesh)
+
+
+def check_batch_sizes(config, mesh) -> None:
+  """Batch sizes against the mesh, before any device work (the values themselves, and the
+  batch against grad accumulation, are `config_checks`')."""
+  train = config.train
+  microbatch = ("config.train.batch_size" if train.grad_accum_steps == 1 else
+                "config.train.batch_size / config.train.grad_accum_steps")
+  sharding.batch_size_per_shard(train.batch_size // train.grad_accum_steps, mesh, microbatch)
+  sharding.batch_size_per_shard(train.eval_batch_size, mesh, "config.train.eval_batch_size")
+
+
+def batch_spec(task: Task, batch_size: int, mesh) -> dict[str, jax.ShapeDtypeStruct]:
+  """Abstract global train batch of `task`, split over data x fsdp."""
+  return {name: jax.ShapeDtypeStruct((batch_size, *shape), dtype,
+                                     sharding=sharding.batch_sharding(mesh, 1 + len(shape)))
+          for name, (shape, dtype) in task.batch_signature().items()}
+
+
+def memory_report(compiled) -> dict[str, float]:
+  """Per-device memory of a compiled step in GiB (XLA's memory analysis) and XLA's FLOPs."""
+  memory = compiled.memory_analysis()
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, list) else cost
+  gib = 1 / 2**30
+  report = {"xla_flops_per_device": float(cost.get("flops", 0.0)) if cost else 0.0}
+  if memory is not None:
+    report.update(
+        arguments_gib=memory.argument_size_in_bytes * gib,
+        outputs_gib=memory.output_size_in_bytes * gib,
+        temporaries_gib=memory.temp_size_in_bytes * gib,
+        code_gib=memory.generated_code_size_in_bytes * gib,
+        # Donated state: outputs reuse the argument buffers.
+        total_gib=(memory.argument_size_in_bytes + memory.temp_size_in_bytes
+                   + memory.generated_code_size_in_bytes) * gib)
+  return report
+
+
+def compile_step(config, task: Task, mesh, prog: Program, log: Callable[[str], None]):
+  """The train step compiled against abstract shapes; logs time, memory and FLOPs."""
+  start = time.time()
+  compiled = prog.train_step.lower(prog.sharded_abstract_state(),
+                                   batch_spec(task, config.train.batch_size, mesh),
+                                   jax.random.key(0)).compile()
+  log(f"Compiled the train step in {time.time() - start:.1f} s on {jax.device_count()} "
+      f"devices, mesh {dict(mesh.shape)}")
+  report = memory_report(compiled)
+  if "total_gib" in report:
+    log(f"Compiled train step, per device: arguments {report['arguments_gib']:.3f} GiB, "
+        f"temporaries {report['temporaries_gib']:.3f} GiB, code {report['code_gib']:.3f} GiB; "
+        f"about {report['total_gib']:.3f} GiB in all")
+  flops_per_example = task.flops_per_example()
+  if flops_per_example:
+    log(f"FLOPs per step: {config.train.batch_size * flops_per_example:.4g} (model count, all "
+        f"devices); XLA's count {report['xla_flops_per_device']:.4g} per device")
+  return compiled
+
+
+def compile_report(config, task: Task) -> dict[str, Any]:
+  """Compiles the train step of `config` on this process's mesh against abstract shapes only
+  (nothing allocated, no data read) -> per-device memory and FLOPs, to tell before a long run
+  whether a config fits a chip."""
+  mesh = sharding.make_mesh(config.mesh)
+  check_mesh(config, task.model_config, mesh)
+  prog = make_program(config, task, mesh)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
+    start = time.time()
+    compiled = compile_step(config, task, mesh, prog, log=lambda message: None)
+  return {"compile_seconds": time.time() - start, "devices": jax.device_count(),
+          "mesh": dict(mesh.shape), **memory_report(compiled),
+          "model_flops_per_step": config.train.batch_size * (task.flops_per_example() or 0.0)}
