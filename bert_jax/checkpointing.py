@@ -326,7 +326,7 @@ class Checkpointer:
           f"{directory}: the data-iterator state was written by {written_by} processes at "
           f"different positions, and this run has {count}; resume with {written_by} processes "
           "(--num_processes), or start a new workdir from these weights with "
-          "--config.checkpoint.init_from")
+          "--config.init_from")
     logging.info("Data-iterator state of %s read from %s (another process count)", directory,
                  files[0])
     return states.pop()
@@ -354,7 +354,7 @@ def _select_step(directory: str, on_damaged: str) -> int | None:
   if chosen == -2:
     raise ValueError(f"Every checkpoint in {directory} is damaged (set aside as <step>.damaged); "
                      "nothing safe to resume from. Start a new --workdir, or initialise from "
-                     "weights you trust with --config.checkpoint.init_from")
+                     "weights you trust with --config.init_from")
   return None if chosen == -1 else chosen
 
 

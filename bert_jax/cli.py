@@ -140,8 +140,26 @@ def _one_line(error: BaseException) -> str:
   return " ".join(str(error).split()) or type(error).__name__
 
 
+# Config fields that were renamed: old override -> the field to use now.
+RENAMED_FIELDS = {"config.checkpoint.init_from": "config.init_from"}
+
+
+def _renamed(argv: list[str]) -> str | None:
+  """The one-line hint for an override of a renamed field, or None."""
+  for arg in argv[1:]:
+    name = arg.lstrip("-").split("=", 1)[0]
+    if name in RENAMED_FIELDS:
+      return (f"--{name} is now --{RENAMED_FIELDS[name]} (one name for pretraining and "
+              "fine-tuning)")
+  return None
+
+
 def _parse_flags(argv: list[str]) -> list[str]:
   """absl's flag parsing, with a bad flag or override reported in one line."""
+  renamed = _renamed(argv)
+  if renamed:
+    print(f"error: bad flag or config override: {renamed}", file=sys.stderr)
+    sys.exit(2)
   try:
     return flags.FLAGS(argv)
   except (flags.Error, AttributeError, KeyError, TypeError, ValueError) as e:

@@ -260,6 +260,7 @@ _SEED = integer(0, "", MAX_SEED)
 # configs/base.py (tiny.py, large.py): every field.
 PRETRAINING_RULES: dict[str, Check] = {
     "seed": _SEED,
+    "init_from": string('"": a random init'),
     **_model_rules(vocab_size=integer(MIN_VOCAB_SIZE, "5 special tokens and a piece to mask")),
     "data.source": one_of(DATA_SOURCES),
     "data.dataset_dir": string('"": none; source "prepared" needs one'),
@@ -284,14 +285,13 @@ PRETRAINING_RULES: dict[str, Check] = {
     "train.eval_max_batches": integer(0, "0: the whole validation split"),
     **_MESH_RULES,
     **_CHECKPOINT_RULES,
-    "checkpoint.init_from": string('"": none'),
     **_LOGGING_RULES,
 }
 
 # configs/finetune_base.py (finetune_*.py): every field.
 FINETUNING_RULES: dict[str, Check] = {
     "seed": _SEED,
-    "task": one_of(sorted(tasks.FINETUNE_TASKS)),
+    "task": one_of(tasks.FINETUNE_TASKS),  # The registry, read at check time (`tasks.register`).
     "init_from": string('"": from scratch'),
     "vocab": string('"": the checkpoint\'s own'),
     # From scratch: 0 takes the vocabulary's size (finetune.load_encoder checks a larger one).

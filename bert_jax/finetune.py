@@ -16,7 +16,8 @@ from typing import Any
 
 import jax
 
-from bert_jax import config_checks, finetune_data, programs, sharding, storage, tasks, trainer
+from bert_jax import config_checks, model as model_lib, programs, sharding, storage, tasks, trainer
+from bert_jax.data import finetune as finetune_data
 from bert_jax.data.vocab import Vocab
 from bert_jax.metrics_writer import console
 from bert_jax.model import BertConfig
@@ -48,8 +49,8 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   task_class = tasks.finetune_task(config.task)
   encoder = load_encoder(config)
   train_records, validation_records = _records(config, "train"), _records(config, "validation")
-  labels = task_class.labels_from(train_records, config.data.labels, config.data.regression)
-  task = task_class(encoder.config, tasks.FinetuneSettings.from_config(config, labels))
+  labels = task_class.labels_from(train_records, config)
+  task = task_class(encoder.config, task_class.settings_class.from_config(config, labels))
   train_data = task.encode(train_records, encoder.vocab, is_training=True)
   validation = task.encode(validation_records, encoder.vocab) if validation_records else None
   _log_setup(config, task, encoder, train_data, validation)
@@ -85,9 +86,10 @@ def load_encoder(config) -> Encoder:
         raise ValueError(f"{config.init_from} has no vocabulary; give --config.vocab (the one "
                          "it was pretrained with)")
       vocab = Vocab.load(config.vocab)
-    # Compute dtype and vocabulary padding are this run's layout (`initial_params` pads).
-    model_config = dataclasses.replace(model_config, dtype=config.model.dtype,
-                                       vocab_pad_multiple=config.model.vocab_pad_multiple)
+    # The checkpoint fixes the shape and architecture; the run fields (dtypes, dropout, the
+    # attention kernel, remat, vocabulary padding: `initial_params` pads) are this run's.
+    model_config = dataclasses.replace(model_config, **{
+        name: config.model[name] for name in BertConfig.fields_of(model_lib.RUN)})
     return Encoder(model_config, params, vocab, config.init_from)
   if not config.vocab:
     raise ValueError("Training from scratch (config.init_from is empty) needs --config.vocab")
@@ -118,8 +120,8 @@ def _log_setup(config, task: tasks.FinetuneTask, encoder: Encoder,
                      f"encoder's max_position_embeddings={c.max_position_embeddings}")
   console(f"Task {task.name}: encoder from {encoder.source} ({c.num_hidden_layers} layers, "
           f"width {c.hidden_size}, vocabulary {encoder.vocab.kind} of {encoder.vocab.size})")
-  if task.settings.labels and not task.settings.regression:
-    console(f"{len(task.settings.labels)} labels: {list(task.settings.labels)}")
+  if task.describe_labels():
+    console(task.describe_labels())
   for name, data in (("train", train_data), ("validation", validation)):
     if data is not None:
       console(task.describe(name, data))
@@ -137,12 +139,11 @@ def _summary(run: trainer.Run, result: dict, train_data: finetune_data.TaskData,
   summary = {
       "final": {"step": result["step"], **result.get("validation", {})}, "best": result["best"],
       "task": task.name, "labels": list(task.settings.labels), "init_from": run.initial_source,
-      "freeze_encoder": task.settings.freeze_encoder,
-      "best_metric": run.best_metric, "train_examples": len(train_data.examples),
-      "train_truncated": train_data.num_truncated, "train_dropped": train_data.num_dropped,
-      "validation_examples": len(validation.examples) if validation else 0,
-      "validation_truncated": validation.num_truncated if validation else 0,
-      "train_rows": len(train_data), "validation_rows": len(validation) if validation else 0}
+      "freeze_encoder": task.settings.freeze_encoder, "best_metric": run.best_metric,
+      **{f"train_{name}": value for name, value in train_data.counts().items()},
+      **{f"validation_{name}": value for name, value in (
+          validation.counts() if validation else {"examples": 0, "truncated": 0, "rows": 0}
+      ).items()}}
   if "preempted_at" in result:
     summary["preempted_at"] = result["preempted_at"]
   return summary

@@ -14,7 +14,8 @@ from typing import Any, Sequence
 import jax
 import numpy as np
 
-from bert_jax import checkpointing, finetune_data, storage, tasks
+from bert_jax import checkpointing, evaluation, storage, tasks
+from bert_jax.data import finetune as finetune_data
 from bert_jax.data.vocab import Vocab
 from bert_jax.model import BertConfig, BertForPreTraining
 
@@ -134,26 +135,24 @@ def load_finetuned(workdir: str) -> Finetuned:
   if not isinstance(saved_task, dict) or saved_task.get("name") not in tasks.FINETUNE_TASKS:
     raise ValueError(f"{step_dir} is not a fine-tuned checkpoint of this bert_jax version "
                      f"(task {saved_task!r}); fine-tune again with launch/finetune.py")
-  fields = {f.name for f in dataclasses.fields(tasks.FinetuneSettings)}
-  values = {k: v for k, v in saved_task.items() if k in fields}
-  settings = tasks.FinetuneSettings(**{**values, "labels": tuple(values["labels"])})
-  task = tasks.finetune_task(saved_task["name"])(BertConfig(**meta["model_config"]), settings)
+  task_class = tasks.finetune_task(saved_task["name"])
+  task = task_class(BertConfig(**meta["model_config"]),
+                    task_class.settings_class.from_meta(saved_task))
   params = jax.device_put(checkpointing.restore_params(step_dir))
   return Finetuned(task, params, checkpointing.read_vocab(step_dir), meta,
                    int(storage.basename(step_dir)))
 
 
+@functools.lru_cache(maxsize=4)
+def _forward(task: tasks.FinetuneTask):
+  return jax.jit(lambda params, batch: task.outputs(task.apply(params, batch, None)))
+
+
 def _outputs(finetuned: Finetuned, data: finetune_data.TaskData,
              batch_size: int) -> dict[str, np.ndarray]:
-  task = finetuned.task
-  forward = jax.jit(lambda params, batch: task.outputs(task.apply(params, batch, None)))
-  gathered: dict[str, list[np.ndarray]] = {}  # Per row (QA: per window).
-  for batch in finetune_data.eval_batches(data, batch_size):
-    outputs = jax.device_get(forward(finetuned.params, batch))
-    keep = batch["example_weight"] > 0
-    for name, value in outputs.items():
-      gathered.setdefault(name, []).append(np.asarray(value)[keep])
-  return {name: np.concatenate(parts) for name, parts in gathered.items()}
+  """Per row (QA: per window) outputs, in fixed-shape batches (the last one padded)."""
+  return evaluation.predict_outputs(_forward(finetuned.task), finetuned.params,
+                                    finetune_data.eval_batches(data, batch_size))
 
 
 def predict(finetuned: Finetuned | str, records: Sequence[finetune_data.Record | dict],
@@ -187,37 +186,12 @@ def truncation_notes(finetuned: Finetuned, records: Sequence[finetune_data.Recor
                      limit: int = 10) -> list[str]:
   """What the model does not read, one line per record the task's encoding cuts (at most
   `limit` lines, then one that counts the rest): "--text: the text has 700 pieces with [CLS]
-  and [SEP]; the model reads the first 128 (max_seq_length)". Classification and tagging cut
-  rows at max_seq_length, QA cuts questions at max_query_length (its passages are read whole,
-  in windows)."""
-  settings, vocab, name = finetuned.task.settings, finetuned.vocab, finetuned.task.name
-  length = settings.max_seq_length
-  outside = "O" if "O" in settings.labels else (settings.labels or ("O",))[0]  # As tagging's.
+  and [SEP]; the model reads the first 128 (max_seq_length)" (`FinetuneTask.truncation_note`)."""
   notes = []
   for record in _as_records(records):
-    if name == "qa":
-      pieces = len(vocab.encode(finetune_data.field(record, "text")))
-      if pieces > settings.max_query_length:
-        notes.append(f"{_where(record)}: the question has {pieces} pieces; the model reads the "
-                     f"first {settings.max_query_length} (max_query_length)")
-    elif name == "tagging":
-      words = finetune_data.field(record, "text").split()
-      pieces = sum(len(p) for p in vocab.encode_batch(words)) + 2 if words else 2
-      if pieces > length:
-        notes.append(f"{_where(record)}: the text has {pieces} pieces with [CLS] and [SEP]; the "
-                     f"model reads the first {length} (max_seq_length); the words past "
-                     f"them are tagged {outside}")
-    else:
-      text_b = finetune_data.text_b(record)
-      pieces = len(vocab.encode(finetune_data.field(record, "text"))) + 2
-      if text_b:
-        pieces += len(vocab.encode(text_b)) + 1
-      if pieces > length:
-        cut = ("the longer of text and text_b is cut first" if text_b else
-               f"the model reads the first {length}")
-        notes.append(f"{_where(record)}: the {'pair' if text_b else 'text'} has {pieces} pieces "
-                     f"with [CLS] and [SEP]; {cut}"
-                     + (f", to {length}" if text_b else "") + " (max_seq_length)")
+    note = finetuned.task.truncation_note(record, finetuned.vocab)
+    if note:
+      notes.append(f"{_where(record)}: {note}")
   if len(notes) > limit:
     notes = notes[:limit] + [f"... and {len(notes) - limit} more inputs cut the same way"]
   return notes

@@ -12,7 +12,7 @@ import jax
 from jax.experimental import multihost_utils
 
 from bert_jax import checkpointing, config_checks, programs, sharding, storage, trainer
-from bert_jax.data import builtin, packing, pipeline
+from bert_jax.data import batching, builtin, packing, pipeline
 from bert_jax.data.vocab import Vocab
 from bert_jax.masking import MaskingConfig
 from bert_jax.model import BertConfig
@@ -37,8 +37,8 @@ def _check_config(config) -> None:
   config_checks.check_pretraining(config)
   programs.check_mesh(config, BertConfig.from_config(config.model),
                      sharding.make_mesh(config.mesh))
-  for size in (config.train.batch_size, config.train.eval_batch_size):
-    pipeline.per_host_batch_size(size, jax.process_count())
+  for field in ("batch_size", "eval_batch_size"):
+    batching.per_host_batch_size(config.train[field], jax.process_count(), f"config.train.{field}")
 
 
 def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
@@ -56,8 +56,8 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
             "data": {"source": config.data.source, "dataset_dir": dataset_dir}},
       vocab=vocab,
       initial_params=(_initial_params(config, model_config, vocab)
-                      if config.checkpoint.init_from else None),
-      initial_source=config.checkpoint.init_from)
+                      if config.init_from else None),
+      initial_source=config.init_from)
   return trainer.train(config, workdir, run)
 
 
@@ -135,7 +135,7 @@ def _initial_params(config, model_config: BertConfig, vocab: Vocab | None):
   order, unless config.checkpoint.allow_vocab_change)."""
   def load() -> dict:
     from bert_jax import weights  # Imports HF/TF readers only when needed.
-    source = config.checkpoint.init_from
+    source = config.init_from
     loaded_config, params, loaded_vocab = weights.load_pretrained(source)
     checkpointing.check_compatible(dataclasses.asdict(loaded_config),
                                    dataclasses.asdict(model_config), source)

@@ -13,6 +13,11 @@ import ml_collections
 def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = 0  # Root seed: parameter init, data order and masking all derive from it.
+  # Weights to start from when the workdir has no checkpoint yet: a bert_jax pretrained dir, a
+  # training or fine-tuning workdir, a HuggingFace dir or a TF checkpoint ("" = random init).
+  # Pretraining continues from them (the optimizer starts afresh); fine-tuning takes their
+  # encoder and vocabulary.
+  config.init_from = ""
 
   # ---------------------------------------------------------------- model
   # Field names follow HuggingFace's BertConfig so configs convert one-to-one.
@@ -138,9 +143,6 @@ def get_config() -> ml_collections.ConfigDict:
   # A checkpoint that fails verification at start (damaged on disk): "fallback" sets it aside
   # (renamed <step>.damaged) with a warning and resumes from the newest intact one; "fail" stops.
   config.checkpoint.on_damaged = "fallback"
-  # Weights to start from when the workdir has no checkpoint yet (continued pretraining): a
-  # bert_jax pretrained dir, a training workdir, a HuggingFace dir or a TF checkpoint ("" = none).
-  config.checkpoint.init_from = ""
   # A SIGTERM that comes while a checkpoint is being written gives the write this many seconds to
   # finish before the run stops without it (a stuck bucket must not block a scheduler's stop).
   # The save a SIGTERM asks for runs to its end; a second SIGTERM or SIGINT stops at once.

@@ -1,4 +1,6 @@
-"""Every fine-tuning default, one comment per field; the task configs override a few.
+"""Every fine-tuning default: configs/base.py's sections (model, train, mesh, checkpoint,
+logging, with their comments there) with the values fine-tuning changes, plus the fields of its
+own, one comment each; the task configs override a few.
 
 The encoder comes from `init_from` (a pretraining workdir, a bert_jax pretrained directory, a
 HuggingFace directory or a TF checkpoint; its vocabulary is the tokenizer), or is trained from
@@ -16,15 +18,20 @@ from configs import base
 
 
 def get_config() -> ml_collections.ConfigDict:
+  pretraining = base.get_config()
   config = ml_collections.ConfigDict()
-  config.seed = 0  # Root seed: head init, data order and dropout derive from it.
-  config.task = "classification"  # "classification" (or regression), "tagging" or "qa".
-  config.init_from = ""  # Pretrained encoder (any format load_pretrained reads); "" = scratch.
+  config.seed = pretraining.seed  # Root seed: head init, data order and dropout derive from it.
+  config.task = "classification"  # A fine-tuning task: "classification" (or regression),
+  #                                 "tagging", "qa" (bert_jax/tasks/, tasks.FINETUNE_TASKS).
+  config.init_from = pretraining.init_from  # Pretrained encoder; "" = trained from scratch.
   config.vocab = ""  # Vocabulary for a from-scratch encoder (or a checkpoint without one).
 
-  # ---------------------------------------------------------------- model (from scratch only)
-  # A pretrained encoder keeps its checkpoint's shape; only `dtype` applies to it too.
-  config.model = base.get_config().model
+  # ---------------------------------------------------------------- model
+  # From scratch: this model. A pretrained encoder keeps its checkpoint's shape and
+  # architecture fields (sizes, hidden_act, layer_norm_eps, blocks); its run fields come from
+  # here (dtype, param_dtype, dropout probabilities, dropout_rng, attention_impl, remat,
+  # vocab_pad_multiple; `BertConfig` marks each field's role).
+  config.model = pretraining.model
   config.model.vocab_size = 0  # 0 = the vocabulary's size.
   config.head = ml_collections.ConfigDict()
   config.head.dropout_prob = 0.1  # Dropout before the classifier (classification, tagging).
@@ -47,53 +54,26 @@ def get_config() -> ml_collections.ConfigDict:
   # --doc_stride, default 128); each piece is scored in the window where it has most context.
   config.data.doc_stride = 128
   config.data.max_answer_length = 30  # QA: longest predicted answer, in pieces.
-  config.data.prefetch = 2  # Batches prefetched to the devices ahead of the step.
+  config.data.prefetch = pretraining.data.prefetch  # Batches prefetched to the devices.
 
   # ---------------------------------------------------------------- train
-  config.train = ml_collections.ConfigDict()
+  # bert_adamw and the "bert" schedule, as run_classifier.py / run_squad.py.
+  config.train = pretraining.train
+  del config.train.eval_max_batches  # Fine-tuning scores every validation example.
   config.train.freeze_encoder = False  # True: train the head only; encoder stays bit-identical.
-  config.train.batch_size = 32  # Global batch size (sequences per optimizer step).
-  config.train.num_train_steps = 1000  # Optimizer steps.
-  # "bert_adamw" (google-research/bert's AdamWeightDecayOptimizer, as run_classifier/run_squad),
-  # "adamw" (optax, bias-corrected) or "lamb"; see configs/base.py.
-  config.train.optimizer = "bert_adamw"
-  config.train.schedule = "bert"  # "bert" (the original's) or "warmup_linear"; see base.py.
-  config.train.learning_rate = 5e-5  # Peak learning rate (BERT's fine-tuning range 2e-5..5e-5).
-  config.train.warmup_steps = 100  # Steps of linear warmup from 0.
-  config.train.weight_decay = 0.01  # Decoupled weight decay; not on LayerNorm or biases.
-  config.train.b1 = 0.9  # Adam beta1.
-  config.train.b2 = 0.999  # Adam beta2.
-  config.train.eps = 1e-6  # Adam epsilon (BERT uses 1e-6).
-  config.train.max_grad_norm = 1.0  # Clip by global norm (0 disables).
-  config.train.log_every_steps = 50  # Console / TensorBoard / metrics.jsonl interval.
-  config.train.grad_accum_steps = 1  # Microbatches per step; batch_size must divide by it.
-  config.train.eval_every_steps = 200  # Validation interval (and at the last step; 0: last only).
-  config.train.eval_batch_size = 64  # Global batch size for evaluation.
+  config.train.batch_size = 32
+  config.train.num_train_steps = 1000
+  config.train.learning_rate = 5e-5  # BERT's fine-tuning range: 2e-5 .. 5e-5.
+  config.train.warmup_steps = 100
+  config.train.log_every_steps = 50
+  config.train.eval_every_steps = 200
+  config.train.eval_batch_size = 64
   config.train.best_metric = ""  # Metric that picks the best checkpoint ("" = the task's).
 
-  # ---------------------------------------------------------------- mesh / sharding
-  config.mesh = base.get_config().mesh  # Same axes and logical rules as pretraining.
-
-  # ---------------------------------------------------------------- checkpoint
-  config.checkpoint = ml_collections.ConfigDict()
-  config.checkpoint.save_every_steps = 500  # Training checkpoint interval (0: last step, SIGTERM).
-  config.checkpoint.max_to_keep = 2  # Keep the newest N training checkpoints.
-  config.checkpoint.async_save = True  # Write checkpoints in a background thread.
-  # A checkpoint that fails verification at start (damaged on disk): "fallback" sets it aside
-  # (renamed <step>.damaged) with a warning and resumes from the newest intact one; "fail" stops.
-  config.checkpoint.on_damaged = "fallback"
-  # A SIGTERM that comes while a checkpoint is being written gives the write this many seconds to
-  # finish before the run stops without it (a stuck bucket must not block a scheduler's stop).
-  # The save a SIGTERM asks for runs to its end; a second SIGTERM or SIGINT stops at once.
-  config.checkpoint.stop_grace_seconds = 5.0
-  # Resume (or init_from) with weights trained on another vocabulary of the same size: refused,
-  # as every embedding row would mean another token; True allows it (vocabulary surgery).
-  config.checkpoint.allow_vocab_change = False
-
-  # ---------------------------------------------------------------- logging
-  config.logging = ml_collections.ConfigDict()
-  config.logging.tensorboard = True  # Write TensorBoard summaries to <workdir>/tensorboard.
-  # (start, count): a jax.profiler trace of steps start+1 .. start+count under <workdir>/profile
-  # (TensorBoard's profile plugin, Perfetto); count 0 = no profile.
-  config.logging.profile_steps = (0, 0)
+  # ---------------------------------------------------------------- mesh, checkpoint, logging
+  config.mesh = pretraining.mesh
+  config.checkpoint = pretraining.checkpoint
+  config.checkpoint.save_every_steps = 500
+  config.checkpoint.max_to_keep = 2
+  config.logging = pretraining.logging
   return config

@@ -21,9 +21,10 @@ from absl import app, flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import cli  # pylint: disable=g-import-not-at-top
+from bert_jax import cli, tasks  # pylint: disable=g-import-not-at-top
 
-_MODE = flags.DEFINE_enum("mode", None, ["fill_mask", "classify", "tag", "qa"], "What to do.")
+# fill_mask, then one mode per fine-tuning task of the registry (classify, tag, qa, ...).
+_MODE = flags.DEFINE_enum("mode", None, ["fill_mask", *tasks.predict_modes()], "What to do.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Pretrained checkpoint (fill_mask) or "
                                   "fine-tuning workdir (classify, tag, qa).")
 _TEXT = flags.DEFINE_string("text", None, "Input text (the question for qa).")
@@ -35,8 +36,6 @@ _TOP_K = flags.DEFINE_integer("top_k", 5, "fill_mask: tokens shown per [MASK] (a
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.",
                                    lower_bound=1)
 flags.mark_flags_as_required(["mode", "checkpoint"])
-
-_TASK_OF_MODE = {"classify": "classification", "tag": "tagging", "qa": "qa"}
 
 
 def _check_flags() -> None:
@@ -55,9 +54,11 @@ def _check_flags() -> None:
   else:
     if bool(_TEXT.value) == bool(_INPUT_FILE.value):
       raise app.UsageError("Give exactly one of --text and --input_file")
-    if mode == "qa" and _TEXT.value and not _TEXT_B.value:
-      raise app.UsageError("--mode=qa needs --text_b (the passage) with --text (the question)")
-    unused = given & ({"top_k"} | ({"text_b"} if mode == "tag" or _INPUT_FILE.value else set()))
+    text_b = tasks.predict_modes()[mode].text_b  # "optional", "required" or "unused".
+    if text_b == "required" and _TEXT.value and not _TEXT_B.value:
+      raise app.UsageError(f"--mode={mode} needs --text_b with --text")
+    unused = given & ({"top_k"} | ({"text_b"} if text_b == "unused" or _INPUT_FILE.value
+                                   else set()))
   if unused:
     raise app.UsageError(f"{', '.join('--' + n for n in sorted(unused))}: not used by "
                          f"--mode={mode}" + (" with --input_file (the file holds text_b)"
@@ -66,7 +67,8 @@ def _check_flags() -> None:
 
 def main() -> None:
   _check_flags()
-  from bert_jax import finetune_data, predict  # pylint: disable=g-import-not-at-top
+  from bert_jax import predict  # pylint: disable=g-import-not-at-top
+  from bert_jax.data import finetune as finetune_data  # pylint: disable=g-import-not-at-top
 
   if _MODE.value == "fill_mask":
     for index, candidates in enumerate(predict.fill_mask(_CHECKPOINT.value, _TEXT.value,
@@ -83,9 +85,9 @@ def main() -> None:
     fields = {"text": _TEXT.value, **({"text_b": _TEXT_B.value} if _TEXT_B.value else {})}
     records = [("--text", 1, fields)]
   finetuned = predict.load_finetuned(_CHECKPOINT.value)
-  if finetuned.task.name != _TASK_OF_MODE[_MODE.value]:
-    raise app.UsageError(f"{_CHECKPOINT.value} was fine-tuned for {finetuned.task.name}, not for "
-                         f"--mode={_MODE.value}")
+  if finetuned.task.predict_mode != _MODE.value:
+    raise app.UsageError(f"{_CHECKPOINT.value} was fine-tuned for {finetuned.task.name} "
+                         f"(--mode={finetuned.task.predict_mode}), not for --mode={_MODE.value}")
   # Said before the predictions: what the model does not read of each input.
   for note in predict.truncation_notes(finetuned, records):
     print(f"note: {note}", file=sys.stderr)

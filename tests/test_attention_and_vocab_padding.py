@@ -188,8 +188,10 @@ def test_pretrained_weights_enter_a_padded_task_padded(real_model):
   entered = pretraining.initial_params(params)
   assert entered["mlm"]["bias"].shape == (256,)
   jax.tree.map(np.testing.assert_array_equal, unpad_vocab(padded_config, entered)[1], params)
-  settings = tasks.FinetuneSettings(("a", "b"), False, 16, 8, 8, 8, 0.1, False)
-  classification = tasks.finetune_task("classification")(padded_config, settings)
+  settings = tasks.ClassificationTask.settings_class(
+      labels=("a", "b"), max_seq_length=16, head_dropout_prob=0.1, freeze_encoder=False,
+      regression=False)
+  classification = tasks.ClassificationTask(padded_config, settings)
   encoder = classification.initial_params({"bert": params["bert"]})["bert"]
   assert encoder["embeddings"]["word_embeddings"]["embedding"].shape == (256, 32)
 

@@ -141,7 +141,7 @@ PRETRAINING_BAD = _SHARED_BAD + [
     ("masking.mask_prob", 0.0), ("masking.max_predictions_per_seq", 0),
     ("masking.mask_token_prob", 1.2), ("masking.random_token_prob", -0.1),
     ("masking.whole_word_masking", None), ("train.eval_max_batches", -1),
-    ("checkpoint.init_from", None),
+    ("init_from", None),
 ]
 FINETUNING_BAD = _SHARED_BAD + [
     ("task", "ner"), ("init_from", None), ("vocab", None), ("model.vocab_size", -1),

@@ -80,10 +80,19 @@ def _tf_dir(directory, config: dict | None = None) -> str:
   return os.path.join(directory, "bert_model.ckpt")
 
 
+def _finetune_task(name: str, **values) -> tasks.FinetuneTask:
+  """Task `name` on TINY with the fields of its settings class taken from `values`."""
+  task_class = tasks.finetune_task(name)
+  fields = {f.name for f in dataclasses.fields(task_class.settings_class)}
+  return task_class(TINY, task_class.settings_class(**{k: v for k, v in values.items()
+                                                       if k in fields}))
+
+
 def _classifier_workdir(tmp_path, max_seq_length: int = 16) -> str:
   """A fine-tuning workdir's best export (random classifier), as launch/finetune.py leaves it."""
-  settings = tasks.FinetuneSettings(("neg", "pos"), False, max_seq_length, 8, 8, 10, 0.0, False)
-  task = tasks.finetune_task("classification")(TINY, settings)
+  task = _finetune_task("classification", labels=("neg", "pos"), regression=False,
+                        max_seq_length=max_seq_length, head_dropout_prob=0.0,
+                        freeze_encoder=False)
   params = _random_tree(jax.eval_shape(
       lambda: task.model.init(jax.random.key(0), *task.example_inputs())["params"]))
   workdir = str(tmp_path / "classifier")
@@ -343,7 +352,7 @@ def test_truncation_notes_say_what_the_model_does_not_read(tmp_path):
     values = dict(labels=labels, regression=False, max_seq_length=8, max_query_length=4,
                   doc_stride=4, max_answer_length=4, head_dropout_prob=0.0,
                   freeze_encoder=False)
-    task = tasks.finetune_task(name)(TINY, tasks.FinetuneSettings(**{**values, **settings}))
+    task = _finetune_task(name, **{**values, **settings})
     return predict.truncation_notes(predict.Finetuned(task, None, vocab, {}, 0), records)
 
   short, long = "a good film", "the cat sat on the mat a very long film"  # 3 and 10 pieces.

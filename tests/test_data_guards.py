@@ -18,7 +18,8 @@ import time
 import numpy as np
 import pytest
 
-from bert_jax import finetune_data, storage
+from bert_jax import storage
+from bert_jax.data import finetune as finetune_data
 from bert_jax.data import corpus
 from bert_jax.data import blocks
 from bert_jax.data import pipeline

@@ -11,11 +11,12 @@ import subprocess
 import sys
 
 import jax
+import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import (evaluation, finetune, finetune_data, predict, programs, sharding, tasks, train,
-                      weights)
+from bert_jax import evaluation, finetune, predict, programs, sharding, tasks, train, weights
+from bert_jax.data import finetune as finetune_data
 from bert_jax.weights import layout
 from bert_jax.model import BertConfig
 from bert_jax.tasks import classification, qa, tagging
@@ -77,9 +78,13 @@ def write_jsonl(path, rows) -> str:
 def _task(name, labels=(), max_length=128, max_query_length=64, doc_stride=128,
           regression=False, max_answer_length=30) -> tasks.FinetuneTask:
   """A fine-tuning task with these settings (its model is never built here)."""
-  settings = tasks.FinetuneSettings(tuple(labels), regression, max_length, max_query_length,
-                                    doc_stride, max_answer_length, 0.1, False)
-  return tasks.finetune_task(name)(BertConfig(), settings)
+  task_class = tasks.finetune_task(name)
+  values = dict(labels=tuple(labels), max_seq_length=max_length, head_dropout_prob=0.1,
+                freeze_encoder=False, regression=regression, max_query_length=max_query_length,
+                doc_stride=doc_stride, max_answer_length=max_answer_length)
+  fields = {f.name for f in dataclasses.fields(task_class.settings_class)}
+  settings = task_class.settings_class(**{k: v for k, v in values.items() if k in fields})
+  return task_class(BertConfig(), settings)
 
 
 def _encode(name, records, vocab, *, with_labels=True, is_training=False, **settings):
@@ -273,6 +278,9 @@ def test_frozen_encoder_stays_bitwise_unchanged(pretrained_run, tmp_path):
   write_jsonl(config.data.validation_file,
               category_tags(ANIMALS[6:] + OBJECTS[6:])(128, random.Random(1)))
   config.train.freeze_encoder = True
+  # The features as pretrained (without dropout): config.model's run fields apply to a
+  # pretrained encoder, the checkpoint's shape and architecture stay.
+  config.model.update(hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0)
   result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
   print("frozen-encoder tagging of held-out words:", result["final"])
   assert result["freeze_encoder"] and result["final"]["entity_f1"] >= 0.9
@@ -423,10 +431,12 @@ def test_bad_input_names_the_file_and_line(tmp_path):
       {"text": "we saw it good", "label": "pos"}, {"text": "we bad", "label": "meh"}]))
   with pytest.raises(ValueError, match=r"dev\.jsonl, line 2: label 'meh' is not in the label"):
     _encode("classification", records, Vocab.load(vocab), labels=["neg", "pos"])
-  configured = tasks.ClassificationTask.labels_from(records, (0, 1), False)
+  as_config = lambda labels: ml_collections.ConfigDict(
+      {"data": {"labels": labels, "regression": False}})
+  configured = tasks.ClassificationTask.labels_from(records, as_config((0, 1)))
   with pytest.raises(ValueError, match=r"dev\.jsonl, line 1: label 'pos' is not in"):
     _encode("classification", records, Vocab.load(vocab), labels=configured)
-  assert tasks.ClassificationTask.labels_from(records, (), False) == ["meh", "pos"]
+  assert tasks.ClassificationTask.labels_from(records, as_config(())) == ["meh", "pos"]
 
   csv_file = tmp_path / "tags.csv"
   csv_file.write_text('text,tags\n"Alice went home","B-PER O O"\n"Bob paid 42","B-PER O"\n')

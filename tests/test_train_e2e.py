@@ -204,7 +204,7 @@ def test_continued_pretraining_starts_from_given_weights(prepared, tmp_path):
   reference = _train_losses(prepared[0])
   workdir = _fresh_workdir(tmp_path, prepared[0])
   result = _launch(workdir, "--config.train.num_train_steps=2",
-                   f"--config.checkpoint.init_from={prepared[0]}")
+                   f"--config.init_from={prepared[0]}")
   assert result.returncode == 0, result.stdout + result.stderr
   assert f"Initialised from {prepared[0]}" in result.stdout
   # Same first batch and masks as the reference run, but trained weights: a lower loss.
@@ -397,7 +397,7 @@ def test_another_vocabulary_of_the_same_size_is_refused(prepared, tmp_path):
   """A corpus capped at 0.25 MB trains another 1000-piece vocabulary: same shapes, other ids."""
   workdir = str(tmp_path / "other_vocab")
   other = ["--config.train.num_train_steps=2", "--config.data.builtin_max_mb=0.25"]
-  started = _launch(workdir, *other, f"--config.checkpoint.init_from={prepared[0]}")
+  started = _launch(workdir, *other, f"--config.init_from={prepared[0]}")
   assert started.returncode == 1 and "Traceback" not in started.stderr
   assert _stderr_lines(started)[-1].startswith(
       f"error: {prepared[0]} was trained with another vocabulary"), started.stderr
@@ -490,6 +490,8 @@ def test_every_bad_input_is_one_line_before_any_compile(prepared, tmp_path):
       (*train, "--config.train.eval_batch_size=12", 1, "config.train.eval_batch_size=12 is not "
        "divisible"),
       (*train, "--config.train.eval_batch_size=0", 1, "eval_batch_size=0"),
+      (*train, f"--config.checkpoint.init_from={prepared[0]}", 2,
+       "--config.checkpoint.init_from is now --config.init_from"),
       (*train, *small_data, 1, "the validation split is empty"),
       (*train, "--config.data.source=prepared", f"--config.data.dataset_dir={truncated}", 1,
        f"shard {shard} cannot be read"),

@@ -15,7 +15,6 @@ losses, do not depend on the host count.
 """
 
 import concurrent.futures
-import math
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -27,6 +26,7 @@ import numpy as np
 from tensorflow_datasets.proto import tf_example_pb2
 
 from bert_jax import storage
+from bert_jax.data import batching
 from bert_jax.data import blocks
 from bert_jax.data import builtin
 from bert_jax.data import packing
@@ -38,15 +38,6 @@ _FEATURES = (*packing.TOKEN_FEATURES, *packing.SLOT_FEATURES)
 # Batches computed ahead in background threads (GIL-bound decode overlaps the jitted step).
 _READ_THREADS = 2
 _READ_BUFFER = 4
-
-
-def per_host_batch_size(global_batch_size: int, process_count: int) -> int:
-  """global_batch_size // process_count, with a clear error when it does not divide."""
-  if global_batch_size <= 0 or global_batch_size % process_count:
-    raise ValueError(f"Global batch size {global_batch_size} must be a positive multiple of the "
-                     f"number of processes ({process_count}); change --config.train.batch_size "
-                     "(or --config.train.eval_batch_size).")
-  return global_batch_size // process_count
 
 
 def check_dataset_matches(meta: dict[str, Any], vocab_size: int, max_seq_length: int,
@@ -281,7 +272,7 @@ def make_train_iterator(
   `num_workers` > 0 reads in that many grain worker processes (spawned: the calling script
   needs a `__main__` guard); the batches are the same for any `num_workers`.
   """
-  batch_size = per_host_batch_size(global_batch_size, process_count)
+  batch_size = batching.per_host_batch_size(global_batch_size, process_count)
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index={process_index} not in [0, {process_count}).")
   source = _split_source(dataset_dir, blocks.TRAIN)
@@ -302,41 +293,27 @@ def make_train_iterator(
 
 
 class EvalBatches:
-  """One deterministic pass over the validation split, sharded per host (re-iterable).
-
-  Host p gets rows p, p + P, ...; every host yields `len(self)` batches, the last ones padded
-  with copies of a row weighted 0.0 (`example_weight`), so `sum(w * x) / sum(w)` is exact over
-  the split and hosts never wait on one another in a collective.
-  """
+  """One deterministic pass over the validation split, this process's rows of each global batch
+  (`batching.eval_rows`: contiguous per process, the last batch padded with copies of a row
+  weighted 0.0 in `example_weight`), so `sum(w * x) / sum(w)` is exact over the split, the
+  global batches are the same for any number of processes, and every process yields as many
+  batches (none waits on another in a collective). Re-iterable."""
 
   def __init__(self, dataset_dir: str, *, global_batch_size: int, process_index: int,
                process_count: int, max_batches: int = 0):
-    self.batch_size = per_host_batch_size(global_batch_size, process_count)
     self._source = _split_source(dataset_dir, blocks.VALIDATION)
     self.num_rows = len(self._source)
-    self._indices = range(process_index, self.num_rows, process_count)
-    longest_shard = math.ceil(self.num_rows / process_count)
-    self._num_batches = math.ceil(longest_shard / self.batch_size)
-    if max_batches > 0:
-      self._num_batches = min(self._num_batches, max_batches)
+    self._rows = lambda: batching.eval_rows(self.num_rows, global_batch_size, process_index,
+                                            process_count, max_batches)
+    self._num_batches = sum(1 for _ in self._rows())
 
   def __len__(self) -> int:
     return self._num_batches
 
   def __iter__(self) -> Iterator[Batch]:
-    filler = None
-    for b in range(self._num_batches):
-      indices = list(self._indices[b * self.batch_size:(b + 1) * self.batch_size])
-      records = list(self._source.__getitems__(indices)) if indices else []
-      num_pad = self.batch_size - len(records)
-      if num_pad:
-        if filler is None:
-          filler = self._source[0]
-        records.extend([filler] * num_pad)
-      batch = decode_records(records)
-      weights = np.zeros((self.batch_size,), np.float32)  # [B]
-      weights[:self.batch_size - num_pad] = 1.0
-      batch["example_weight"] = weights
+    for indices, weights in self._rows():
+      batch = decode_records(list(self._source.__getitems__([int(i) for i in indices])))
+      batch["example_weight"] = weights  # [B]
       yield batch
 
 
@@ -442,7 +419,7 @@ def make_synthetic_iterator(
   `grain.checkpoint` handlers work as for `make_train_iterator`.
   """
   make_batch = SyntheticBatch(
-      batch_size=per_host_batch_size(global_batch_size, process_count), seq_len=seq_len,
+      batch_size=batching.per_host_batch_size(global_batch_size, process_count), seq_len=seq_len,
       vocab_size=vocab_size, pad_id=pad_id, cls_id=cls_id, sep_id=sep_id,
       special_ids=special_ids, seed=seed, process_index=process_index,
       process_count=process_count, max_examples_per_row=max_examples_per_row)

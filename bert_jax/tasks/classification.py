@@ -13,12 +13,13 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import finetune_data
+from bert_jax.data import finetune as finetune_data
 from bert_jax.data.encoding import encode_pair
+from bert_jax.data.finetune import Record, TaskData
 from bert_jax.data.vocab import Vocab
-from bert_jax.finetune_data import Record, TaskData
 from bert_jax.model import BertConfig, BertModel
-from bert_jax.tasks.finetuning import FinetuneTask, f1_from_counts, head_dense, nll
+from bert_jax.tasks.finetuning import (FinetuneSettings, FinetuneTask, f1_from_counts,
+                                       head_dense, nll)
 
 
 class BertForSequenceClassification(nn.Module):
@@ -59,10 +60,22 @@ def regression_scores(predicted: Sequence[float], gold: Sequence[float]) -> dict
 
 
 @dataclasses.dataclass(frozen=True)
+class ClassificationSettings(FinetuneSettings):
+  regression: bool  # One float output ("score") trained with MSE, instead of labels.
+
+  @classmethod
+  def config_values(cls, config) -> dict[str, Any]:
+    return {**super().config_values(config), "regression": bool(config.data.regression)}
+
+
+@dataclasses.dataclass(frozen=True)
 class ClassificationTask(FinetuneTask):
   """Classification with cross-entropy, or regression (one output, MSE)."""
+  settings: ClassificationSettings
 
   name = "classification"
+  settings_class = ClassificationSettings
+  predict_mode = "classify"
   target_signature = {"labels": ((), jnp.int32)}
 
   @property
@@ -76,18 +89,20 @@ class ClassificationTask(FinetuneTask):
       signature["labels"] = ((), jnp.float32)
     return signature
 
+  def describe_labels(self) -> str | None:
+    return None if self.settings.regression else super().describe_labels()
+
   def _terms(self, raw, batch) -> jax.Array:
     if self.settings.regression:
       return jnp.square(raw[:, 0] - batch["labels"].astype(jnp.float32))  # [B]
     return nll(raw, batch["labels"])  # [B]
 
   @classmethod
-  def labels_from(cls, records: Sequence[Record], configured: Sequence[Any],
-                  regression: bool) -> list[str]:
-    if regression:
+  def labels_from(cls, records: Sequence[Record], config) -> list[str]:
+    if config.data.regression:
       return ["score"]
     return finetune_data.label_set(
-        records, configured, lambda r: [finetune_data.field(r, "label", (str, int))])
+        records, config.data.labels, lambda r: [finetune_data.field(r, "label", (str, int))])
 
   def encode(self, records: Sequence[Record], vocab: Vocab, with_labels: bool = True,
              is_training: bool = False) -> TaskData:

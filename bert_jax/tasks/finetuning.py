@@ -1,20 +1,23 @@
-"""What the fine-tuning tasks share: their settings, the head layer, loss counting, evaluation
-from per-row outputs, and the encoder plumbing. Each task (classification.py, tagging.py,
-qa.py) adds its model, its input encoding, its predictions and its scores.
+"""What the fine-tuning tasks share: the settings every head needs, the head layer, loss
+counting, evaluation from per-row outputs, and the encoder plumbing. Each task
+(classification.py, tagging.py, qa.py; `tasks/__init__.py` registers them) adds its settings,
+its model, its record fields and their encoding, its predictions, its scores and how
+`launch/predict.py` calls it.
 
 Every head model holds the encoder as a submodule named `bert`, so `params["bert"]` of a
 pretraining checkpoint (or an import) plugs in unchanged; only the head's parameters are new.
 """
 
 import dataclasses
-from typing import Any, ClassVar, Sequence
+from typing import Any, ClassVar, Sequence, Self
 
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.finetune_data import Record, TaskData
+from bert_jax.data import finetune as finetune_data
+from bert_jax.data.finetune import Record, TaskData
 from bert_jax.data.vocab import Vocab
 from bert_jax.model import EMBED, BertConfig
 from bert_jax.weights.layout import pad_vocab
@@ -25,22 +28,29 @@ ENCODER = "bert"  # Name of the encoder submodule in every head model (pooler in
 
 @dataclasses.dataclass(frozen=True)
 class FinetuneSettings:
-  """The config fields a fine-tuned checkpoint needs to encode inputs and decode outputs."""
+  """What every fine-tuned checkpoint records to encode inputs and decode outputs; a task with
+  settings of its own subclasses it (and names the subclass in `settings_class`)."""
   labels: tuple[str, ...]
-  regression: bool
   max_seq_length: int
-  max_query_length: int
-  doc_stride: int
-  max_answer_length: int
   head_dropout_prob: float
   freeze_encoder: bool
 
   @classmethod
-  def from_config(cls, config, labels: Sequence[str]) -> "FinetuneSettings":
-    data = config.data
-    return cls(tuple(labels), bool(data.regression), data.max_seq_length, data.max_query_length,
-               data.doc_stride, data.max_answer_length, config.head.dropout_prob,
-               bool(config.train.freeze_encoder))
+  def config_values(cls, config) -> dict[str, Any]:
+    """The fields of this class but `labels`, from the config (a subclass adds its own)."""
+    return {"max_seq_length": config.data.max_seq_length,
+            "head_dropout_prob": config.head.dropout_prob,
+            "freeze_encoder": bool(config.train.freeze_encoder)}
+
+  @classmethod
+  def from_config(cls, config, labels: Sequence[str]) -> Self:
+    return cls(labels=tuple(labels), **cls.config_values(config))
+
+  @classmethod
+  def from_meta(cls, meta: dict[str, Any]) -> Self:
+    """The settings a checkpoint's task meta recorded (`FinetuneTask.meta`)."""
+    values = {f.name: meta[f.name] for f in dataclasses.fields(cls)}
+    return cls(**{**values, "labels": tuple(values["labels"])})
 
 
 def head_dense(config: BertConfig, features: int, name: str) -> nn.Dense:
@@ -82,6 +92,11 @@ class FinetuneTask(Task):
 
   loss_terms = (("loss_sum", "loss_count"),)
   keeps_eval_outputs = True  # Predictions are decoded from the per-row outputs.
+  settings_class: ClassVar[type[FinetuneSettings]] = FinetuneSettings
+  # launch/predict.py: --mode=<predict_mode> runs this task, and its `text_b` is "optional",
+  # "required" (the passage of QA) or "unused".
+  predict_mode: ClassVar[str]
+  text_b: ClassVar[str] = "optional"
   input_names: ClassVar[tuple[str, ...]] = ("input_ids", "token_type_ids", "attention_mask")
   # Per-example fields of a train batch besides the inputs: name -> (shape, dtype), with L for
   # the sequence length.
@@ -97,7 +112,7 @@ class FinetuneTask(Task):
 
   @property
   def num_outputs(self) -> int:
-    return 1 if self.settings.regression else len(self.settings.labels)
+    return len(self.settings.labels)
 
   def example_inputs(self) -> tuple:
     ids = jnp.zeros((1, self.settings.max_seq_length), jnp.int32)
@@ -168,11 +183,31 @@ class FinetuneTask(Task):
     return (f"{split}: {len(data)} examples from {data.source}; {data.num_truncated} longer "
             f"than max_seq_length={self.settings.max_seq_length} were truncated")
 
+  def describe_labels(self) -> str | None:
+    """A log line on the label set, None for a task without labels."""
+    labels = self.settings.labels
+    return f"{len(labels)} labels: {list(labels)}" if labels else None
+
+  def truncation_note(self, record: Record, vocab: Vocab) -> str | None:
+    """What the model does not read of a record to predict on ("the text has 700 pieces with
+    [CLS] and [SEP]; the model reads the first 128 (max_seq_length)"), or None."""
+    text_b = finetune_data.text_b(record) if self.text_b != "unused" else None
+    pieces = len(vocab.encode(finetune_data.field(record, "text"))) + 2
+    if text_b:
+      pieces += len(vocab.encode(text_b)) + 1
+    length = self.settings.max_seq_length
+    if pieces <= length:
+      return None
+    cut = ("the longer of text and text_b is cut first" if text_b else
+           f"the model reads the first {length}")
+    return (f"the {'pair' if text_b else 'text'} has {pieces} pieces with [CLS] and [SEP]; "
+            f"{cut}" + (f", to {length}" if text_b else "") + " (max_seq_length)")
+
   # ------------------------------------------------------------ task specific
   @classmethod
-  def labels_from(cls, records: Sequence[Record], configured: Sequence[Any],
-                  regression: bool) -> list[str]:
-    """The label names from the training records (or the configured ones)."""
+  def labels_from(cls, records: Sequence[Record], config) -> list[str]:
+    """The label names from the training records (or config.data.labels); [] for a task
+    without labels."""
     raise NotImplementedError
 
   def encode(self, records: Sequence[Record], vocab: Vocab, with_labels: bool = True,

@@ -11,7 +11,8 @@ context (`max_context_windows`); mapped back to passage characters. SQuAD's exac
 are scored once per question.
 
 Offsets: the passage is split on whitespace and each word encoded on its own, so every piece
-maps back to characters of the passage (`finetune_data.piece_spans`).
+maps back to characters of the passage (`finetune_data.piece_spans`). The encoded data is a
+`QAData`: `TaskData` plus the window of each row.
 """
 
 import collections
@@ -25,11 +26,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import finetune_data
+from bert_jax.data import finetune as finetune_data
+from bert_jax.data.finetune import Record, TaskData
 from bert_jax.data.vocab import Vocab
-from bert_jax.finetune_data import Record, TaskData, Window
 from bert_jax.model import BertConfig, BertModel
-from bert_jax.tasks.finetuning import FinetuneTask, head_dense, nll
+from bert_jax.tasks.finetuning import FinetuneSettings, FinetuneTask, head_dense, nll
 
 # Masked QA logits: finite, so an all-masked row still has a (uniform) softmax.
 _MASKED_LOGIT = -1e9
@@ -62,6 +63,28 @@ def mask_qa_logits(logits: jax.Array, context_mask: jax.Array) -> jax.Array:
 
 
 # ------------------------------------------------------------------------------ windows
+
+
+@dataclasses.dataclass
+class Window:
+  """One QA feature: a window of a passage's pieces in one model row (run_squad's _DocSpan plus
+  where its pieces sit in the row and where each has its maximum context)."""
+  example: int  # Index of its question in QAData.examples.
+  doc_start: int  # First passage piece in the window (run_squad's DocSpan.start).
+  doc_length: int  # Passage pieces in the window (DocSpan.length).
+  offset: int  # Row position of the first of them: len(question) + 2 ([CLS] question [SEP]).
+  max_context: np.ndarray  # [doc_length] bool: the piece has its maximum context here.
+
+
+@dataclasses.dataclass
+class QAData(TaskData):
+  """Encoded questions: one row per window of a question's passage."""
+  num_dropped: int = 0  # Training questions left out: their answer maps to no piece.
+  windows: list[Window] = dataclasses.field(default_factory=list)  # One per row.
+  num_split: int = 0  # Questions whose passage took more than one window.
+
+  def counts(self) -> dict[str, int]:
+    return {**super().counts(), "dropped": self.num_dropped, "split": self.num_split}
 
 
 def doc_spans(num_pieces: int, max_tokens_for_doc: int,
@@ -197,10 +220,27 @@ def squad_scores(predicted: Sequence[str], answers: Sequence[Sequence[str]]) -> 
 
 
 @dataclasses.dataclass(frozen=True)
+class QASettings(FinetuneSettings):
+  max_query_length: int  # Pieces of a question kept.
+  doc_stride: int  # Pieces between the starts of a passage's windows.
+  max_answer_length: int  # Longest predicted answer, in pieces.
+
+  @classmethod
+  def config_values(cls, config) -> dict[str, Any]:
+    data = config.data
+    return {**super().config_values(config), "max_query_length": data.max_query_length,
+            "doc_stride": data.doc_stride, "max_answer_length": data.max_answer_length}
+
+
+@dataclasses.dataclass(frozen=True)
 class QATask(FinetuneTask):
   """Start/end logits over passage windows; one answer per question."""
+  settings: QASettings
 
   name = "qa"
+  settings_class = QASettings
+  predict_mode = "qa"
+  text_b = "required"  # The passage.
   input_names = ("input_ids", "token_type_ids", "attention_mask", "context_mask")
   target_signature = {"start_positions": ((), jnp.int32), "end_positions": ((), jnp.int32),
                       "answer_weight": ((), jnp.float32)}
@@ -221,13 +261,12 @@ class QATask(FinetuneTask):
     return batch["answer_weight"].astype(jnp.float32)  # [B]; 0: no gold answer.
 
   @classmethod
-  def labels_from(cls, records: Sequence[Record], configured: Sequence[Any],
-                  regression: bool) -> list[str]:
-    del records, configured, regression
+  def labels_from(cls, records: Sequence[Record], config) -> list[str]:
+    del records, config
     return []
 
   def encode(self, records: Sequence[Record], vocab: Vocab, with_labels: bool = True,
-             is_training: bool = False) -> TaskData:
+             is_training: bool = False) -> QAData:
     """Every question's windows as rows (see the module docstring); a training question whose
     answer covers no piece is left out (counted in num_dropped), as run_squad skips it."""
     rows, examples, truncated, dropped, split = _Rows(), [], 0, 0, 0
@@ -255,7 +294,7 @@ class QATask(FinetuneTask):
     arrays = {name: np.stack(value) if name in self.input_names else
               np.asarray(value, np.float32 if name == "answer_weight" else np.int32)
               for name, value in rows.columns.items()}
-    return TaskData(records[0][0], arrays, examples, truncated, dropped, rows.windows, split)
+    return QAData(records[0][0], arrays, examples, truncated, dropped, rows.windows, split)
 
   def _add_windows(self, rows: _Rows, record: Record, example: int, vocab: Vocab,
                    question_ids: list[int], context_ids: list[int],
@@ -299,7 +338,15 @@ class QATask(FinetuneTask):
     # 0: no gold answer to point at (an unanswered eval record).
     rows.columns["answer_weight"].append(0.0 if answer is None else 1.0)
 
-  def predictions(self, outputs: dict[str, np.ndarray], data: TaskData) -> list[dict[str, Any]]:
+  def truncation_note(self, record: Record, vocab: Vocab) -> str | None:
+    """Questions are cut at max_query_length (passages are read whole, in windows)."""
+    pieces = len(vocab.encode(finetune_data.field(record, "text")))
+    if pieces <= self.settings.max_query_length:
+      return None
+    return (f"the question has {pieces} pieces; the model reads the first "
+            f"{self.settings.max_query_length} (max_query_length)")
+
+  def predictions(self, outputs: dict[str, np.ndarray], data: QAData) -> list[dict[str, Any]]:
     """One {"answer", "start", "end", "score"} per question of `data` (start, end: characters
     of its passage; "" and -1 when no window has a valid span), over all of its windows: each
     window's best valid span (`best_span`, starts where the piece has its maximum context),
@@ -329,10 +376,10 @@ class QATask(FinetuneTask):
     return {"answer": example["context"][char_start:char_end], "start": char_start,
             "end": char_end, "score": score}
 
-  def score(self, predicted: list[dict[str, Any]], data: TaskData) -> dict[str, float]:
+  def score(self, predicted: list[dict[str, Any]], data: QAData) -> dict[str, float]:
     return squad_scores([p["answer"] for p in predicted], [e["answers"] for e in data.examples])
 
-  def scores(self, outputs, sums, data: TaskData):
+  def scores(self, outputs, sums, data: QAData):
     scores = super().scores(outputs, sums, data)
     scores.counts["windows"] = len(data)  # Model rows: a question's passage may take several.
     return scores
@@ -340,7 +387,7 @@ class QATask(FinetuneTask):
   def main_metric(self) -> str:
     return "f1"
 
-  def describe(self, split: str, data: TaskData) -> str:
+  def describe(self, split: str, data: QAData) -> str:
     line = (f"{split}: {len(data.examples)} questions from {data.source} in {len(data)} windows "
             f"of max_seq_length={self.settings.max_seq_length} (doc_stride "
             f"{self.settings.doc_stride}); {data.num_split} passages took several windows; "

@@ -14,9 +14,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import finetune_data
+from bert_jax.data import finetune as finetune_data
+from bert_jax.data.finetune import Record, TaskData
 from bert_jax.data.vocab import Vocab
-from bert_jax.finetune_data import Record, TaskData
 from bert_jax.model import BertConfig, BertModel
 from bert_jax.tasks.finetuning import FinetuneTask, f1_from_counts, head_dense, nll
 
@@ -78,11 +78,19 @@ def tagging_scores(predicted: Sequence[Sequence[str]], gold: Sequence[Sequence[s
   return scores
 
 
+def _tags_of(record: Record) -> list:
+  """The record's `tags`: a list (JSON), or in a CSV cell a space-separated string."""
+  tags = finetune_data.field(record, "tags", (list, str))
+  return tags.split() if isinstance(tags, str) else tags
+
+
 @dataclasses.dataclass(frozen=True)
 class TaggingTask(FinetuneTask):
   """A label per word, at its first piece."""
 
   name = "tagging"
+  predict_mode = "tag"
+  text_b = "unused"
   target_signature = {"labels": (("L",), jnp.int32), "label_weights": (("L",), jnp.float32)}
 
   @property
@@ -97,11 +105,8 @@ class TaggingTask(FinetuneTask):
     return batch["label_weights"].astype(jnp.float32)  # [B, L]: 1 at first pieces.
 
   @classmethod
-  def labels_from(cls, records: Sequence[Record], configured: Sequence[Any],
-                  regression: bool) -> list[str]:
-    del regression
-    return finetune_data.label_set(records, configured,
-                                   lambda r: finetune_data.field(r, "tags", list))
+  def labels_from(cls, records: Sequence[Record], config) -> list[str]:
+    return finetune_data.label_set(records, config.data.labels, _tags_of)
 
   def encode(self, records: Sequence[Record], vocab: Vocab, with_labels: bool = True,
              is_training: bool = False) -> TaskData:
@@ -133,7 +138,7 @@ class TaggingTask(FinetuneTask):
     return TaskData(records[0][0], arrays, examples, truncated)
 
   def _tags(self, record: Record, words: list[str]) -> list[int]:
-    tags = finetune_data.field(record, "tags", list)
+    tags = _tags_of(record)
     if len(tags) != len(words):
       raise ValueError(f"{finetune_data.where(record)}: {len(tags)} tags for {len(words)} words "
                        "(one tag per whitespace-separated word of 'text')")
@@ -147,6 +152,16 @@ class TaggingTask(FinetuneTask):
       word_positions.append(len(ids) if word_pieces and room > 0 else -1)
       ids.extend(word_pieces[:max(room, 0)])
     return ids + [vocab.sep_id], word_positions
+
+  def truncation_note(self, record: Record, vocab: Vocab) -> str | None:
+    words = finetune_data.field(record, "text").split()
+    pieces = sum(len(p) for p in vocab.encode_batch(words)) + 2 if words else 2
+    length, labels = self.settings.max_seq_length, self.settings.labels
+    if pieces <= length:
+      return None
+    outside = "O" if "O" in labels else (labels or ("O",))[0]  # What `predictions` gives them.
+    return (f"the text has {pieces} pieces with [CLS] and [SEP]; the model reads the first "
+            f"{length} (max_seq_length); the words past them are tagged {outside}")
 
   def predictions(self, outputs: dict[str, np.ndarray], data: TaskData) -> list[dict[str, Any]]:
     """{"words", "tags"} per example, a tag per word."""

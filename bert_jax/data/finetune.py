@@ -1,10 +1,11 @@
-"""Fine-tuning data shared by the tasks: records from JSONL / CSV (or TFDS), field and label
+"""Fine-tuning data, whatever the task: records from JSONL / CSV (or TFDS), field and label
 helpers, the encoded `TaskData`, and host-side batches (a checkpointable shuffled stream for
-training; padded, weighted batches for eval). Each task (`bert_jax/tasks/`) encodes records into
-`TaskData` itself.
+training; padded, weighted batches for eval, by `batching.eval_rows`). Each task
+(`bert_jax/tasks/`) reads its own fields and encodes records into `TaskData` (or a subclass
+with what it needs besides) itself.
 
-A record has `text`, optional `text_b`, and per task `label`, `tags` or `answers` (see the task
-modules). Bad records raise ValueError naming the file and line.
+A record has `text`, optional `text_b`, and the task's target fields (see the task modules).
+Bad records raise ValueError naming the file and line.
 """
 
 from __future__ import annotations
@@ -19,37 +20,29 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from bert_jax import storage
+from bert_jax.data import batching
 from bert_jax.data.vocab import Vocab
 
 Record = tuple[str, int, dict[str, Any]]  # (file, line, fields)
 
 
 @dataclasses.dataclass
-class Window:
-  """One QA feature: a window of a passage's pieces in one model row (run_squad's _DocSpan plus
-  where its pieces sit in the row and where each has its maximum context)."""
-  example: int  # Index of its question in TaskData.examples.
-  doc_start: int  # First passage piece in the window (run_squad's DocSpan.start).
-  doc_length: int  # Passage pieces in the window (DocSpan.length).
-  offset: int  # Row position of the first of them: len(question) + 2 ([CLS] question [SEP]).
-  max_context: np.ndarray  # [doc_length] bool: the piece has its maximum context here.
-
-
-@dataclasses.dataclass
 class TaskData:
   """Encoded examples of one source: model arrays plus what eval needs to score them. A row is
-  an example, except in QA where a question gets one row per window of its passage."""
+  an example, unless the task splits an example over several rows (QA's windows: its own
+  subclass says which rows are whose)."""
   source: str
   arrays: dict[str, np.ndarray]  # Model inputs and targets, one row each: [N, ...].
-  examples: list[dict[str, Any]]  # Per example (QA: per question): gold labels, words, passage.
-  num_truncated: int = 0  # Texts cut to max_seq_length (QA: questions cut to max_query_length).
-  num_dropped: int = 0  # QA training questions left out: their answer maps to no piece.
-  windows: list[Window] = dataclasses.field(default_factory=list)  # QA: one per row.
-  num_split: int = 0  # QA: questions whose passage took more than one window.
+  examples: list[dict[str, Any]]  # Per scored example: gold labels, words, passage...
+  num_truncated: int = 0  # Inputs the task's encoding cut.
 
   def __len__(self) -> int:
     """Model rows (what the batches iterate over); len(examples) counts what is scored."""
     return len(next(iter(self.arrays.values())))
+
+  def counts(self) -> dict[str, int]:
+    """What a run's summary (final_eval.json) records of this data, as <split>_<name>."""
+    return {"examples": len(self.examples), "truncated": self.num_truncated, "rows": len(self)}
 
 
 # ------------------------------------------------------------------------------ reading
@@ -66,13 +59,10 @@ def _format_of(path: str, data_format: str) -> str:
                    "set config.data.format")
 
 
-def _csv_value(name: str, value: str) -> Any:
-  """CSV cells are strings: list fields are JSON (tags may also be space-separated)."""
-  if name == "tags":
-    return json.loads(value) if value.lstrip().startswith("[") else value.split()
-  if name == "answers":
-    return json.loads(value)
-  return value
+def _csv_value(value: str) -> Any:
+  """CSV cells are strings; a cell holding a JSON list or object (e.g. a task's list of tags or
+  answers) is that list or object."""
+  return json.loads(value) if value.lstrip().startswith(("[", "{")) else value
 
 
 def read_records(path: str, data_format: str = "auto") -> list[Record]:
@@ -106,7 +96,7 @@ def read_records(path: str, data_format: str = "auto") -> list[Record]:
           if name is None or value is None or value == "":
             continue  # Extra cells, missing trailing cells, empty optional fields.
           try:
-            fields[name] = _csv_value(name, value)
+            fields[name] = _csv_value(value)
           except json.JSONDecodeError as e:
             raise ValueError(f"{path}, line {start}: field {name!r} is not valid JSON ({e})") from e
         records.append((path, start, fields))
@@ -128,8 +118,9 @@ def field(record: Record, name: str, kind: type | tuple[type, ...] = str) -> Any
     raise ValueError(f"{where(record)}: missing field {name!r}")
   value = fields[name]
   if not isinstance(value, kind) or isinstance(value, bool):
+    kinds = kind if isinstance(kind, tuple) else (kind,)
     raise ValueError(f"{where(record)}: field {name!r} should be "
-                     f"{getattr(kind, '__name__', kind)}, got {type(value).__name__}")
+                     f"{' or '.join(k.__name__ for k in kinds)}, got {type(value).__name__}")
   return value
 
 
@@ -214,8 +205,9 @@ def piece_spans(vocab: Vocab, word: str, ids: Sequence[int]) -> list[tuple[int, 
 
 # --------------------------------------------------------------------------------- TFDS
 
-# TFDS dataset name (prefix) -> (text field, text_b field or None). Labels: "label"; SQuAD's
-# answers come as {"text": [...], "answer_start": [...]}.
+# TFDS dataset name (prefix) -> (text field, text_b field or None). Targets keep their TFDS
+# names: "label" (class labels by name), "answers" (SQuAD's {"text": [...], "answer_start":
+# [...]} as a list of {"text", "answer_start"}).
 _TFDS_FIELDS = {
     "glue/sst2": ("sentence", None), "glue/cola": ("sentence", None),
     "glue/mrpc": ("sentence1", "sentence2"), "glue/stsb": ("sentence1", "sentence2"),
@@ -256,11 +248,11 @@ def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Record
     fields = {"text": _decoded(item[text_field])}
     if text_b_field:
       fields["text_b"] = _decoded(item[text_b_field])
-    if key == "squad":
+    if "answers" in item:
       answers = item["answers"]
       fields["answers"] = [{"text": t, "answer_start": int(s)} for t, s in
                            zip(_decoded(answers["text"]), _decoded(answers["answer_start"]))]
-    elif "label" in item:
+    if "label" in item:
       label = _decoded(item["label"])
       fields["label"] = names[int(label)] if names and int(label) >= 0 else label
     records.append((f"tfds:{name}/{split}", index + 1, fields))
@@ -285,7 +277,7 @@ class TrainBatches:
       raise ValueError(f"{data.source}: no training rows to fine-tune on (its records encode to "
                        "none)")
     self.data, self.global_batch_size, self.seed = data, global_batch_size, seed
-    self.per_host = global_batch_size // process_count
+    self.per_host = batching.per_host_batch_size(global_batch_size, process_count)
     self.first = process_index * self.per_host
     self.batches = 0
     self._epoch, self._order = -1, np.zeros((0,), np.int64)
@@ -318,14 +310,9 @@ class TrainBatches:
 
 def eval_batches(data: TaskData, global_batch_size: int, process_index: int = 0,
                  process_count: int = 1) -> Iterator[dict[str, np.ndarray]]:
-  """This process's rows of global batches over every row (QA: window) once, in order; the last
-  batch is padded with copies of row 0 that weigh 0 (`example_weight`), so shapes stay static."""
-  per_host = global_batch_size // process_count
-  for begin in range(0, len(data), global_batch_size):
-    indices = np.arange(begin, begin + global_batch_size)
-    weight = (indices < len(data)).astype(np.float32)
-    rows = np.where(indices < len(data), indices, 0)
-    mine = slice(process_index * per_host, (process_index + 1) * per_host)
-    batch = {name: value[rows[mine]] for name, value in data.arrays.items()}
-    batch["example_weight"] = weight[mine]
-    yield batch
+  """This process's rows of global batches over every row of `data` once, in order
+  (`batching.eval_rows`), with `example_weight` 0 on the padding rows of the last batch."""
+  for rows, weight in batching.eval_rows(len(data), global_batch_size, process_index,
+                                         process_count):
+    yield {**{name: value[rows] for name, value in data.arrays.items()},
+           "example_weight": weight}

@@ -1,0 +1,100 @@
+"""The house rules of bert_jax/, read from the code: no module imports one that imports it back
+(deferred imports and package `__init__`s included), no function over 60 code lines, and a
+trainer that only runs the loop (at most 300 lines, no task or metric name in it)."""
+
+import ast
+import os
+
+from bert_jax import losses, tasks
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+PACKAGE = os.path.join(ROOT, "bert_jax")
+
+
+def _modules() -> dict[str, str]:
+  """Dotted module name -> file, for every module of bert_jax/ (a package is its __init__)."""
+  found = {}
+  for directory, _, files in os.walk(PACKAGE):
+    for name in files:
+      if name.endswith(".py"):
+        path = os.path.join(directory, name)
+        dotted = os.path.relpath(path, ROOT)[:-3].replace(os.sep, ".")
+        found[dotted.removesuffix(".__init__")] = path
+  return found
+
+
+def _imports(name: str, path: str, modules: dict[str, str]) -> set[str]:
+  """The bert_jax modules a file imports anywhere in it, with the packages they run first
+  (importing bert_jax.weights.layout runs bert_jax/weights/__init__.py), except the packages
+  the module itself is in (their __init__ has run before it, whatever it imports)."""
+  imported = set()
+  for node in ast.walk(ast.parse(open(path).read())):
+    if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bert_jax"):
+      for alias in node.names:
+        target = f"{node.module}.{alias.name}"
+        imported.add(target if target in modules else node.module)
+    elif isinstance(node, ast.Import):
+      imported |= {alias.name for alias in node.names if alias.name.startswith("bert_jax.")}
+  own_packages = {".".join(name.split(".")[:i]) for i in range(1, name.count(".") + 1)}
+  with_parents = set()
+  for target in imported:
+    parts = target.split(".")
+    with_parents |= {".".join(parts[:i]) for i in range(2, len(parts) + 1)}
+  return (with_parents - own_packages) & set(modules)
+
+
+def test_no_module_imports_one_that_imports_it_back():
+  modules = _modules()
+  graph = {name: _imports(name, path, modules) - {name} for name, path in modules.items()}
+
+  def cycle_from(start: str) -> list[str] | None:
+    stack = [(start, [start])]
+    seen = set()
+    while stack:
+      node, path = stack.pop()
+      for nxt in graph[node]:
+        if nxt == start:
+          return path + [start]
+        if nxt not in seen:
+          seen.add(nxt)
+          stack.append((nxt, path + [nxt]))
+    return None
+
+  cycles = [" -> ".join(c) for c in map(cycle_from, sorted(graph)) if c]
+  assert not cycles, "\n".join(cycles)
+
+
+def _code_lines(node: ast.FunctionDef, source: list[str]) -> int:
+  """Lines of a function that hold code: not blank, not comments, not its docstring."""
+  body = node.body
+  first = body[1].lineno if (len(body) > 1 and isinstance(body[0], ast.Expr)
+                             and isinstance(body[0].value, ast.Constant)) else body[0].lineno
+  lines = source[first - 1:node.end_lineno]
+  return sum(1 for line in lines if line.strip() and not line.strip().startswith("#"))
+
+
+def test_no_function_is_over_60_code_lines():
+  long = []
+  for name, path in _modules().items():
+    source = open(path).read()
+    for node in ast.walk(ast.parse(source)):
+      if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
+        count = _code_lines(node, source.splitlines())
+        if count > 60:
+          long.append(f"{name}.{node.name}: {count} code lines")
+  assert not long, "\n".join(long)
+
+
+def test_the_trainer_only_runs_the_loop():
+  path = os.path.join(PACKAGE, "trainer.py")
+  text = open(path).read()
+  assert len(text.splitlines()) <= 300
+  strings = {node.value for node in ast.walk(ast.parse(text))
+             if isinstance(node, ast.Constant) and isinstance(node.value, str)}
+  task_names = {"pretraining", *tasks.FINETUNE_TASKS}
+  metric_names = {"loss", "examples", "windows", "grad_norm", "mfu", *losses.means({
+      "mlm_count": 1, "nsp_count": 1, "mlm_loss_sum": 0, "mlm_correct_sum": 0,
+      "nsp_loss_sum": 0, "nsp_correct_sum": 0})}
+  for task in tasks.FINETUNE_TASKS.values():
+    metric_names |= set(task.log_keys) | {name for name, _ in task.loss_terms}
+  assert not strings & (task_names | metric_names)
