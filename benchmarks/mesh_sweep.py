@@ -17,7 +17,7 @@ Run:
   .venv/bin/python benchmarks/mesh_sweep.py --sizes=reduced
   .venv/bin/python benchmarks/mesh_sweep.py --sizes=reduced --compile=large:1x4x8
   .venv/bin/python benchmarks/mesh_sweep.py --sizes=full --batch=1024 \
-      --meshes=4x8x1,1x32x1,1x16x2,1x8x4,1x4x8 --output=benchmarks/results/mesh_sweep.jsonl
+      --meshes=4x8x1,1x32x1,1x16x2,1x8x4,1x4x8 --output=benchmarks/results/mesh_sweep_full.jsonl
 """
 
 import argparse

@@ -29,9 +29,9 @@ Suites: `compare` (the three side by side: small and base at B=8 L=128, base at 
 `scaling` (bert_jax alone over L and B), `all` (both). The last run's JSON lines are written to
 `benchmarks/results/train_step.jsonl`.
 
-Run (the HF Flax venv: python3.11 -m venv /work/venv-hf4 && /work/venv-hf4/bin/pip install
+Run (the HF Flax venv, anywhere: python3.11 -m venv <hf4-venv> && <hf4-venv>/bin/pip install
 "jax==0.10.2" "flax==0.12.8" "optax==0.2.8" "transformers==4.57.*"):
-  .venv/bin/python benchmarks/train_step.py --suite=all --hf_flax_python=/work/venv-hf4/bin/python
+  .venv/bin/python benchmarks/train_step.py --suite=all --hf_flax_python=<hf4-venv>/bin/python
   .venv/bin/python benchmarks/train_step.py --suite=compare --shapes=base:8:128 --reps=7
 """
 
@@ -444,7 +444,7 @@ def main() -> None:
   parser.add_argument("--suite", choices=("compare", "scaling", "all"), default="compare")
   parser.add_argument("--shapes", default="", help="comma list of size:B:L (default per suite)")
   parser.add_argument("--impls", default="bert_jax,hf_torch,hf_flax")
-  parser.add_argument("--hf_flax_python", default="/work/venv-hf4/bin/python",
+  parser.add_argument("--hf_flax_python", default="",
                       help="python of a venv with transformers<5 (FlaxBertForPreTraining)")
   parser.add_argument("--reps", type=int, default=5, help="alternating repetitions")
   parser.add_argument("--seconds_per_rep", type=float, default=3.0,

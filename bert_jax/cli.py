@@ -6,8 +6,8 @@
 - The console shows progress lines, warnings and errors; library INFO logs (orbax, TFDS, grain)
   only when verbosity is raised (`-v 0` / `--verbosity=0`).
 - Expected failures (bad config, bad data, non-finite loss, checkpoint mismatch, a failed save)
-  end with one line on stderr, `error: ...`, and exit status 1; `--debug` shows the traceback
-  (which the log file always holds).
+  end with one line on stderr, `error: ...`, and exit status 1 (2 for a bad flag); `--debug`
+  shows the traceback, which the log file of a training launcher (train, finetune) holds.
 """
 
 import atexit

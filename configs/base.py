@@ -75,8 +75,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.validation_fraction = 0.01  # Documents held out for the validation split.
   config.data.vocab_model_type = "unigram"  # sentencepiece model type for the builtin corpus.
   config.data.builtin_max_mb = 0.0  # Cap on built-in corpus text in MB (0 = all of it).
-  # Where the built-in corpus is prepared ("": <workdir>/data; for a workdir in a bucket,
-  # ~/.cache/bert_jax/data on each host, as ArrayRecord reads local files only).
+  # The directory under which the built-in corpus is prepared, into <dir>/data/builtin-<key>
+  # ("": the workdir; for a workdir in a bucket, ~/.cache/bert_jax on each host, as ArrayRecord
+  # reads local files only).
   config.data.builtin_cache_dir = ""
   config.data.num_workers = 0  # grain worker processes (0 = read in the main process).
   config.data.prefetch = 2  # Batches prefetched to the devices ahead of the step.

@@ -39,8 +39,10 @@ def _pump(process: subprocess.Popen, prefix: str) -> None:
 
 def main(argv):
   command = argv[1:]
-  if not command:
-    raise app.UsageError("Give the launcher and its flags after --")
+  if not command:  # One line, as every launcher's usage errors (not absl's usage page).
+    print("error: give the launcher and its flags after --, e.g. -- launch/train.py "
+          "--config=configs/tiny.py", file=sys.stderr)
+    sys.exit(2)
   port = FLAGS.port or _free_port()
   env = dict(os.environ)
   env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") +

@@ -115,9 +115,9 @@ def _snapshot(directory) -> dict[str, bytes]:
 
 
 def _launch_all(runs: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
-  """Launchers side by side: name -> [script, *args] -> name -> finished process. The
-  environment is test_finetune._launch's (8 CPU devices)."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  """Launchers side by side: name -> [script, *args] -> name -> finished process, on one CPU
+  device each (as test_finetune._launch)."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
              JAX_PLATFORMS="cpu")
   started = {name: subprocess.Popen([sys.executable, os.path.join(ROOT, "launch", script),
                                      *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,

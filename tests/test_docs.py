@@ -35,6 +35,7 @@ missing. A command without `--config` is checked with the launcher's default con
 import argparse
 import ast
 import dataclasses
+import glob
 import io
 import json
 import os
@@ -776,3 +777,33 @@ def test_checker_reports_made_up_flags_and_fields(checked):
 
 if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
   _workers(json.loads(sys.argv[2]))
+
+
+# ------------------------------------------------------------------- every flag is documented
+
+_DEFINED_FLAG = re.compile(r"DEFINE_\w+\(\s*\"(\w+)\"")
+# Where the flags of launch/*.py are defined: the launcher itself, and what every training
+# launcher shares (`cli.define_flags`, `distributed.define_flags`).
+_FLAG_SOURCES = {"launch/train.py": ("bert_jax/cli.py", "bert_jax/distributed.py"),
+                 "launch/finetune.py": ("bert_jax/cli.py", "bert_jax/distributed.py")}
+
+
+def defined_flags(launcher: str) -> set[str]:
+  """The names of the flags `launcher` defines (absl's own left out)."""
+  names = set()
+  for path in (launcher, *_FLAG_SOURCES.get(launcher, ())):
+    source = _read(os.path.join(ROOT, path))
+    names |= set(_DEFINED_FLAG.findall(source))
+    # distributed.py names its first three through constants.
+    names |= {value for value in re.findall(r"^_[A-Z_]+ = \"(\w+)\"", source, flags=re.M)}
+  return names
+
+
+def test_every_launcher_flag_is_in_the_readme():
+  readme = _read(os.path.join(ROOT, "README.md"))
+  launchers = sorted(os.path.relpath(path, ROOT)
+                     for path in glob.glob(os.path.join(ROOT, "launch", "*.py")))
+  missing = [f"{launcher}: --{name}" for launcher in launchers
+             for name in sorted(defined_flags(launcher))
+             if not re.search(rf"--{name}\b", readme)]
+  assert not missing, "flags README.md does not name:\n" + "\n".join(missing)

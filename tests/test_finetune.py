@@ -355,7 +355,8 @@ def _params_config_vocab(path):
 
 
 def _launch(script, *args):
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  """A launcher on one CPU device (what it writes and prints does not depend on the mesh)."""
+  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
              JAX_PLATFORMS="cpu")
   return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], cwd=ROOT,
                         env=env, capture_output=True, text=True, timeout=300)

@@ -49,10 +49,12 @@ def _use_weight_decay(param_name: str) -> bool:
 
 
 class ReferenceAdamWeightDecay:
-  """AdamWeightDecayOptimizer.apply_gradients over a dict of named float32 numpy params."""
+  """AdamWeightDecayOptimizer.apply_gradients over a dict of named float32 numpy params, with
+  its decay rule applied to `decay_names[name]` (the original's name of a param)."""
 
   def __init__(self, params: dict[str, np.ndarray], weight_decay_rate: float, beta_1: float,
-               beta_2: float, epsilon: float):
+               beta_2: float, epsilon: float, decay_names: dict[str, str] | None = None):
+    self.decay_names = decay_names or {name: name for name in params}
     self.m = {k: np.zeros_like(v) for k, v in params.items()}
     self.v = {k: np.zeros_like(v) for k, v in params.items()}
     # `1.0 - self.beta_1` is Python float arithmetic in the original, then a float32 constant.
@@ -67,7 +69,7 @@ class ReferenceAdamWeightDecay:
       next_m = self.b1 * self.m[name] + self.one_minus_b1 * grad
       next_v = self.b2 * self.v[name] + self.one_minus_b2 * np.square(grad)
       update = next_m / (np.sqrt(next_v) + self.eps)
-      if _use_weight_decay(name):
+      if _use_weight_decay(self.decay_names[name]):
         update += self.wd * param
       new_params[name] = param - learning_rate * update
       self.m[name], self.v[name] = next_m, next_v
@@ -106,10 +108,21 @@ def test_warmup_linear_schedule_is_kept():
 
 
 def _flat_names(tree) -> dict[str, np.ndarray]:
-  """Params by their names in the original's layout (one subtree per layer, `LayerNorm`), which
-  its weight-decay rule reads."""
-  flat = jax.tree_util.tree_flatten_with_path(layout.downgrade(tree))[0]
+  flat = jax.tree_util.tree_flatten_with_path(tree)[0]
   return {"/".join(k.key for k in path): np.asarray(leaf) for path, leaf in flat}
+
+
+def _original_names(params) -> dict[str, str]:
+  """Each param's name -> its name in the original's layout (one subtree per layer, BERT's
+  `LayerNorm`: what its weight-decay rule reads; the layers of a stacked param share a rule)."""
+  def name(path, leaf):  # A stacked param: its name once per layer.
+    text = "/".join(k.key for k in path)
+    return np.asarray([text] * leaf.shape[0]) if optimizer_lib.is_stacked(path) else text
+
+  names = jax.tree_util.tree_map_with_path(name, params)
+  flat = jax.tree_util.tree_flatten_with_path(layout.downgrade(names), is_leaf=lambda x:
+                                              isinstance(x, (str, np.str_)))[0]
+  return {str(new): "/".join(k.key for k in path) for path, new in reversed(flat)}  # Layer 0.
 
 
 def test_100_steps_equal_the_original_optimizer_on_a_small_model():
@@ -147,7 +160,10 @@ def test_100_steps_equal_the_original_optimizer_on_a_small_model():
   update = jax.jit(optimizer.update)
   opt_state = optimizer.init(params)
   reference_params = initial = _flat_names(params)
-  reference = ReferenceAdamWeightDecay(reference_params, 0.01, 0.9, 0.999, 1e-6)
+  original_names = _original_names(params)
+  assert original_names["bert/encoder/layers/attention_norm/scale"] == (
+      "bert/layer_0/attention_LayerNorm/scale")
+  reference = ReferenceAdamWeightDecay(reference_params, 0.01, 0.9, 0.999, 1e-6, original_names)
   # LayerNorm scales/shifts and every bias are excluded from decay, matrices are not.
   assert not _use_weight_decay("bert/embeddings/LayerNorm/scale")
   assert not _use_weight_decay("mlm/bias") and _use_weight_decay("mlm/transform/kernel")

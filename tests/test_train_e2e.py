@@ -31,9 +31,12 @@ TINY = [
 ]
 
 
-def _env():
+def _env(devices: int = 1):
+  """One CPU device by default: what these launches pin (checkpoints, resume, errors) does not
+  depend on the mesh (tests/test_train_step.py and the multi-process tests cover meshes), and a
+  launch on 8 forced devices of 2 cores takes ~1.5x as long."""
   env = dict(os.environ)
-  env["XLA_FLAGS"] = "--xla_force_host_platform_device_count=8"
+  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
   env["JAX_PLATFORMS"] = "cpu"
   return env
 
@@ -214,7 +217,7 @@ def test_continued_pretraining_starts_from_given_weights(prepared, tmp_path):
 def test_compile_only_reports_per_device_memory_without_data(tmp_path):
   command = [sys.executable, os.path.join(ROOT, "launch/train.py"), *TINY,
              "--config.data.source=synthetic", "--compile_only", f"--workdir={tmp_path}"]
-  result = subprocess.run(command, cwd=ROOT, env=_env(), capture_output=True, text=True,
+  result = subprocess.run(command, cwd=ROOT, env=_env(devices=8), capture_output=True, text=True,
                           timeout=300)
   assert result.returncode == 0, result.stderr
   report = json.loads(result.stdout[result.stdout.index("{"):])
@@ -452,7 +455,7 @@ def test_unrecorded_damaged_checkpoint_falls_back_without_a_traceback(prepared, 
 
 def _launcher(script, *args, timeout=120):
   return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], cwd=ROOT,
-                        env=_env(), capture_output=True, text=True, timeout=timeout)
+                        env=_env(devices=8), capture_output=True, text=True, timeout=timeout)
 
 
 def test_every_bad_input_is_one_line_before_any_compile(prepared, tmp_path):
