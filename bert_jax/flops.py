@@ -1,6 +1,7 @@
 """FLOPs of BERT pretraining, counted for an encoder and derived from the model's own params: every
 kernel of the encoder layers is one matmul per token, attention adds its score and weighting
-matmuls (bidirectional: the full L x L score matrix, no causal halving), and the MLM head runs at
+matmuls (bidirectional: the full L x L score matrix in a global layer, no causal halving; the
+window's keys in a local one), and the MLM head runs at
 the P gathered positions only, over the real vocabulary (`vocab_size`; the rows of
 `vocab_pad_multiple` padding are layout, not model work). A new block (a gated MLP, another
 attention) is counted as it is, with no formula to restate."""
@@ -25,8 +26,11 @@ def forward_flops_per_sequence(config: BertConfig, seq_len: int, num_predictions
   shapes = param_shapes(config)
   h, length = config.hidden_size, seq_len
   layers = 2 * length * _kernel_weights(shapes, _LAYERS)  # Projections and MLP, every layer.
-  # Scores Q K^T and probabilities x V: 2 x L x L x H multiply-adds per layer.
-  attention = config.num_hidden_layers * 2 * 2 * length * length * h
+  # Scores Q K^T and probabilities x V: 2 x L x keys x H multiply-adds per layer, keys = L in
+  # a global layer and the local_attention + 1 rows of the window in a local one.
+  local_keys = min(length, config.local_attention + 1)
+  layers_local = config.num_hidden_layers - config.num_global_layers
+  attention = 2 * 2 * length * h * (config.num_global_layers * length + layers_local * local_keys)
   decoder = config.vocab_size * h  # The tied decoder: the real rows of the embedding table.
   mlm_head = 2 * num_predictions * (_kernel_weights(shapes, ("mlm",)) + decoder)
   pooler_nsp = 2 * (_kernel_weights(shapes, ("bert", "pooler")) + _kernel_weights(shapes, ("nsp",)))

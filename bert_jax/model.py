@@ -10,6 +10,11 @@ P predictions per sequence, V vocabulary size, V' the padded vocabulary
 Variants: the position encoding (`position_embedding`), the MLP (`mlp`) and where the norms sit
 (`norm_placement`) are looked up by name in `POSITION_BLOCKS`, `MLP_BLOCKS` and
 `NORM_PLACEMENTS`; a new block is one class here plus its name, and a config that names it.
+Exact BERT is the default ("learned", "dense", "post", biases everywhere, every layer global).
+The modern encoder (ModernBERT: `configs/modern_*.py`) is "rotary" (θ per layer kind), "glu"
+(GeGLU), "pre" (pre-LN with a final norm, none before layer 0's attention), no biases but the
+decoder's, and local attention (`local_attention` tokens wide) with a global layer every
+`global_attn_every_n_layers`; field names follow HF's ModernBertConfig where it has them.
 The encoder runs its S identical layers under `nn.scan` (compile time does not grow with depth)
 with a remat policy (`remat`); their params are stacked, [S, ...] under `bert/encoder/layers`.
 
@@ -86,12 +91,23 @@ class BertConfig:
   num_attention_heads: int = _field(12, SHAPE)
   intermediate_size: int = _field(3072, SHAPE)
   max_position_embeddings: int = _field(512, SHAPE)
-  type_vocab_size: int = _field(2, SHAPE)
+  type_vocab_size: int = _field(2, SHAPE)  # 0: no token-type (segment A/B) embeddings.
   hidden_act: str = _field("gelu", ARCHITECTURE)  # A key of ACTIVATIONS.
   layer_norm_eps: float = _field(1e-12, ARCHITECTURE)
   position_embedding: str = _field("learned", ARCHITECTURE)  # A key of POSITION_BLOCKS.
   mlp: str = _field("dense", ARCHITECTURE)  # A key of MLP_BLOCKS.
   norm_placement: str = _field("post", ARCHITECTURE)  # A key of NORM_PLACEMENTS.
+  attention_bias: bool = _field(True, ARCHITECTURE)  # Biases of the q/k/v/output projections.
+  mlp_bias: bool = _field(True, ARCHITECTURE)  # Biases of the MLP's matmuls.
+  norm_bias: bool = _field(True, ARCHITECTURE)  # The shift of every LayerNorm.
+  classifier_bias: bool = _field(True, ARCHITECTURE)  # Bias of the MLM head's dense transform.
+  global_rope_theta: float = _field(160_000.0, ARCHITECTURE)  # "rotary": θ of global layers.
+  local_rope_theta: float = _field(10_000.0, ARCHITECTURE)  # "rotary": θ of local layers.
+  # Local attention: a token attends to the tokens at most local_attention / 2 rows away (of its
+  # own packed example); 0 = every layer global. Layers 0, n, 2n, ... (n =
+  # global_attn_every_n_layers) stay global.
+  local_attention: int = _field(0, ARCHITECTURE)
+  global_attn_every_n_layers: int = _field(1, ARCHITECTURE)
   hidden_dropout_prob: float = _field(0.1, RUN)
   attention_probs_dropout_prob: float = _field(0.1, RUN)
   initializer_range: float = _field(0.02, RUN)
@@ -107,6 +123,9 @@ class BertConfig:
   # existed); configs/base.py sets 128.
   vocab_pad_multiple: int = _field(1, RUN)
   remat: str = _field("none", RUN)  # A key of REMAT_POLICIES: what the backward pass recomputes.
+  # The vector a fine-tuning head (and NSP) reads of each example: its [CLS] ("cls", BERT) or
+  # the mean over its tokens ("mean").
+  classifier_pooling: str = _field("cls", RUN)
 
   def __post_init__(self):
     if self.hidden_size % self.num_attention_heads:
@@ -115,10 +134,17 @@ class BertConfig:
     for name, table in (("hidden_act", ACTIVATIONS), ("position_embedding", POSITION_BLOCKS),
                         ("mlp", MLP_BLOCKS), ("norm_placement", NORM_PLACEMENTS),
                         ("dropout_rng", DROPOUT_RNGS), ("attention_impl", ATTENTION_IMPLS),
-                        ("remat", REMAT_POLICIES)):
+                        ("remat", REMAT_POLICIES), ("classifier_pooling", POOLINGS)):
       if getattr(self, name) not in table:
         raise ValueError(f"{name}={getattr(self, name)!r} is not supported; use one of "
                          f"{list(table)}")
+    if self.local_attention < 0 or self.local_attention % 2:
+      raise ValueError(f"local_attention={self.local_attention} must be 0 (no local layers) or "
+                       "an even window width")
+    if self.local_attention and self.global_attn_every_n_layers < 2:
+      raise ValueError(f"local_attention={self.local_attention} with global_attn_every_n_layers="
+                       f"{self.global_attn_every_n_layers}: every layer would be global; set it "
+                       "to 2 or more (ModernBERT: 3)")
     if not isinstance(self.vocab_pad_multiple, int) or self.vocab_pad_multiple < 1:
       raise ValueError(f"vocab_pad_multiple={self.vocab_pad_multiple!r} must be an integer >= 1 "
                        "(1: no padding)")
@@ -128,6 +154,16 @@ class BertConfig:
   @property
   def head_dim(self) -> int:
     return self.hidden_size // self.num_attention_heads
+
+  def is_global_layer(self, layer_index):
+    """Whether layer `layer_index` (an int, or a traced int32 under the scan) attends globally."""
+    if not self.local_attention:
+      return True
+    return layer_index % self.global_attn_every_n_layers == 0
+
+  @property
+  def num_global_layers(self) -> int:
+    return sum(bool(self.is_global_layer(i)) for i in range(self.num_hidden_layers))
 
   @property
   def padded_vocab_size(self) -> int:
@@ -179,6 +215,7 @@ ACTIVATIONS = {"gelu": _gelu, "gelu_new": lambda x: nn.gelu(x, approximate=True)
                "relu": nn.relu}
 DROPOUT_RNGS = ("hash", "threefry")
 ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
+POOLINGS = ("cls", "mean")
 # What a layer's backward pass recomputes instead of keeping from the forward pass: "none"
 # keeps everything, "full" recomputes the whole layer, "dots" keeps the matmul outputs of the
 # weights (no batch dimension) and recomputes the rest.
@@ -260,7 +297,8 @@ def _zeros(axes: tuple[str | None, ...]):
 
 
 class LayerNorm(nn.Module):
-  """LayerNorm with f32 statistics and f32 scale/shift; returns `config.dtype`."""
+  """LayerNorm with f32 statistics and f32 scale (and shift, when `config.norm_bias`); returns
+  `config.dtype`."""
   config: BertConfig
 
   @nn.compact
@@ -268,18 +306,20 @@ class LayerNorm(nn.Module):
     c = self.config
     scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(), (EMBED,)),
                        (x.shape[-1],), c.param_dtype)
-    bias = self.param("bias", _zeros((EMBED,)), (x.shape[-1],), c.param_dtype)
     x = x.astype(jnp.float32)
     mean = jnp.mean(x, axis=-1, keepdims=True)
     variance = jnp.mean(jnp.square(x - mean), axis=-1, keepdims=True)
-    y = (x - mean) * jax.lax.rsqrt(variance + c.layer_norm_eps)
-    y = y * scale.astype(jnp.float32) + bias.astype(jnp.float32)
+    y = (x - mean) * jax.lax.rsqrt(variance + c.layer_norm_eps) * scale.astype(jnp.float32)
+    if c.norm_bias:
+      y = y + self.param("bias", _zeros((EMBED,)), (x.shape[-1],), c.param_dtype).astype(
+          jnp.float32)
     return y.astype(c.dtype)
 
 
-def _dense(config: BertConfig, features: int, axes: tuple[str | None, str | None], name: str):
+def _dense(config: BertConfig, features: int, axes: tuple[str | None, str | None], name: str,
+           use_bias: bool = True):
   return nn.Dense(
-      features, dtype=config.dtype, param_dtype=config.param_dtype,
+      features, use_bias=use_bias, dtype=config.dtype, param_dtype=config.param_dtype,
       kernel_init=_init(config, axes), bias_init=_zeros((axes[1],)), name=name)
 
 
@@ -309,10 +349,41 @@ class LearnedPositions(nn.Module):
     return query, key
 
 
+class RotaryPositions(nn.Module):
+  """Rotary position embedding (RoFormer, Su et al. 2021), as ModernBERT: nothing is added to
+  the embeddings; every layer rotates its queries and keys by their positions, with θ =
+  `global_rope_theta` in global layers and `local_rope_theta` in local ones."""
+  config: BertConfig
+
+  def __call__(self, x, position_ids):
+    del position_ids
+    return x
+
+  @staticmethod
+  def rotate(config: BertConfig, query, key, position_ids, layer_index):
+    """query/key [B, L, N, D] rotated (in float32, then back to their dtype): pairs (i, i + D/2)
+    turn by position x θ^(-2i/D) (HF's rotate_half layout)."""
+    theta = jnp.where(config.is_global_layer(layer_index), config.global_rope_theta,
+                      config.local_rope_theta).astype(jnp.float32)
+    dim = query.shape[-1]
+    inv_freq = 1.0 / theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)  # [D/2]
+    angles = position_ids[..., None].astype(jnp.float32) * inv_freq  # [B, L, D/2]
+    angles = jnp.concatenate([angles, angles], axis=-1)[:, :, None, :]  # [B, L, 1, D]
+    cos, sin = jnp.cos(angles), jnp.sin(angles)
+
+    def rotated(x):
+      x32 = x.astype(jnp.float32)
+      half = dim // 2
+      turned = jnp.concatenate([-x32[..., half:], x32[..., :half]], axis=-1)
+      return (x32 * cos + turned * sin).astype(x.dtype)
+    return rotated(query), rotated(key)
+
+
 # Position encoding by name (config.model.position_embedding): a module called on the token
 # embeddings (x [B, L, H], position_ids [B, L]) -> x, with a static `rotate(config, query, key,
 # position_ids, layer_index) -> (query, key)` that every attention layer applies.
-POSITION_BLOCKS: dict[str, type[nn.Module]] = {"learned": LearnedPositions}
+POSITION_BLOCKS: dict[str, type[nn.Module]] = {"learned": LearnedPositions,
+                                               "rotary": RotaryPositions}
 
 
 class Embeddings(nn.Module):
@@ -325,13 +396,16 @@ class Embeddings(nn.Module):
         c.padded_vocab_size, c.hidden_size, dtype=c.dtype, param_dtype=c.param_dtype,
         embedding_init=_init(c, (VOCAB, EMBED)), name="word_embeddings")
     self.positions = POSITION_BLOCKS[c.position_embedding](c, name="position_embeddings")
-    self.token_type_embeddings = nn.Embed(
-        c.type_vocab_size, c.hidden_size, dtype=c.dtype, param_dtype=c.param_dtype,
-        embedding_init=_init(c, (None, EMBED)), name="token_type_embeddings")
+    if c.type_vocab_size:
+      self.token_type_embeddings = nn.Embed(
+          c.type_vocab_size, c.hidden_size, dtype=c.dtype, param_dtype=c.param_dtype,
+          embedding_init=_init(c, (None, EMBED)), name="token_type_embeddings")
     self.norm = LayerNorm(c, name="norm")
 
   def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
-    x = self.word_embeddings(input_ids) + self.token_type_embeddings(token_type_ids)  # [B, L, H]
+    x = self.word_embeddings(input_ids)  # [B, L, H]
+    if self.config.type_vocab_size:
+      x = x + self.token_type_embeddings(token_type_ids)
     x = self.positions(x, position_ids)  # Restart at 0 in each packed example.
     return _dropout(self, self.norm(x), self.config.hidden_dropout_prob, deterministic)
 
@@ -361,8 +435,10 @@ class _Einsum(nn.Module):
   def __call__(self, x):
     c = self.config
     kernel = self.param("kernel", _init(c, self.kernel_axes), self.kernel_shape, c.param_dtype)
-    bias = self.param("bias", _zeros(self.bias_axes), self.bias_shape, c.param_dtype)
     y = jnp.einsum(self.equation, x.astype(c.dtype), kernel.astype(c.dtype))
+    if not c.attention_bias:
+      return y
+    bias = self.param("bias", _zeros(self.bias_axes), self.bias_shape, c.param_dtype)
     return y + bias.astype(c.dtype)
 
 
@@ -377,15 +453,63 @@ def einsum_attention(query, key, value, mask, dropout_probs=lambda probs: probs)
   return jnp.einsum("bnqk,bknd->bqnd", probs.astype(value.dtype), value)
 
 
+def local_attention(query, key, value, segment_ids, half_window: int,
+                    dropout_probs=lambda probs: probs):
+  """Sliding-window attention without the L x L scores: a query attends to the keys of its own
+  segment at most `half_window` rows away (padding queries: to any real key that near).
+  query/key/value [B, L, N, D], segment_ids [B, L] -> context [B, L, N, D].
+
+  The rows are cut into blocks of C = half_window; block b's queries see the keys of blocks
+  b - 1, b and b + 1 (every key within C rows), so the scores are [B, N, L/C, C, 3C]: 3C per
+  query instead of L. Equal to `einsum_attention` with the window mask (tests)."""
+  batch, length, heads, dim = query.shape
+  size = half_window
+  blocks = -(-length // size)
+  pad = blocks * size - length
+
+  def blocked(x, fill=0):  # [B, L, ...] -> [B, nb, C, ...]
+    x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2), constant_values=fill)
+    return x.reshape(batch, blocks, size, *x.shape[2:])
+
+  def neighbours(x, fill=0):  # [B, nb, C, ...] -> [B, nb, 3C, ...]: blocks b-1, b, b+1.
+    edge = [(0, 0), (1, 1)] + [(0, 0)] * (x.ndim - 2)
+    x = jnp.pad(x, edge, constant_values=fill)
+    return jnp.concatenate([x[:, :-2], x[:, 1:-1], x[:, 2:]], axis=2)
+
+  rows = jnp.arange(blocks * size).reshape(1, blocks, size)  # [1, nb, C]
+  seg_q, seg_k = blocked(segment_ids), neighbours(blocked(segment_ids))  # [B, nb, C|3C]
+  row_k = neighbours(rows, fill=-2 * size)  # Rows outside the sequence: never near.
+  near = jnp.abs(rows[..., :, None] - row_k[..., None, :]) <= size  # [1, nb, C, 3C]
+  same = (seg_k[:, :, None, :] > 0) & (
+      (seg_q[..., None] == seg_k[:, :, None, :]) | (seg_q[..., None] == 0))
+  mask = (near & same)[:, None]  # [B, 1, nb, C, 3C]
+  q, k, v = blocked(query), neighbours(blocked(key)), neighbours(blocked(value))
+  scores = jnp.einsum("bxqnd,bxknd->bnxqk", q, k,
+                      preferred_element_type=jnp.float32) / jnp.sqrt(dim)
+  scores = jnp.where(mask, scores, _MASK_VALUE)
+  probs = dropout_probs(jax.nn.softmax(scores, axis=-1))  # [B, N, nb, C, 3C] f32
+  context = jnp.einsum("bnxqk,bxknd->bxqnd", probs.astype(value.dtype), v)
+  return context.reshape(batch, blocks * size, heads, dim)[:, :length]
+
+
+def window_mask(segment_ids, half_window: int):
+  """[B, 1, L, L] bool: `attention_mask_from_segments` and at most `half_window` rows apart
+  (the dense form of `local_attention`'s pattern, for the fused kernels and references)."""
+  rows = jnp.arange(segment_ids.shape[1])
+  near = jnp.abs(rows[:, None] - rows[None, :]) <= half_window  # [L, L]
+  return attention_mask_from_segments(segment_ids) & near[None, None]
+
+
 class SelfAttention(nn.Module):
-  """Bidirectional multi-head self-attention within segments, output projection included."""
+  """Bidirectional multi-head self-attention within segments, output projection included; in a
+  local layer (`BertConfig.is_global_layer`) within the sliding window too."""
   config: BertConfig
   deterministic: bool
 
   @nn.compact
-  def __call__(self, x, mask, position_ids, layer_index):
-    """x [B, L, H], mask [B, 1, L, L] bool (query attends to key), position_ids [B, L],
-    layer_index int32 scalar -> [B, L, H]."""
+  def __call__(self, x, mask, segment_ids, position_ids, layer_index):
+    """x [B, L, H], mask [B, 1, L, L] bool (query attends to key), segment_ids and
+    position_ids [B, L], layer_index int32 scalar -> [B, L, H]."""
     c = self.config
     heads = (c.num_attention_heads, c.head_dim)
     proj = lambda name: _Einsum(c, (c.hidden_size, *heads), (EMBED, HEADS, KV), heads,
@@ -393,17 +517,37 @@ class SelfAttention(nn.Module):
     query, key, value = proj("query")(x), proj("key")(x), proj("value")(x)  # [B, L, N, D]
     query, key = POSITION_BLOCKS[c.position_embedding].rotate(c, query, key, position_ids,
                                                               layer_index)
-    dropout_rate = 0.0 if self.deterministic else c.attention_probs_dropout_prob
-    if dropout_rate == 0.0 and c.attention_impl != "einsum":
-      # The fused path; it has no attention-probability dropout.
-      context = jax.nn.dot_product_attention(
-          query, key, value, mask=mask, implementation=c.attention_impl)  # [B, L, N, D]
+    rate = 0.0 if self.deterministic else c.attention_probs_dropout_prob
+    dropout_key = self.make_rng("dropout") if rate > 0.0 else None
+    attend = functools.partial(_attend, c, rate, segment_ids, mask)
+    if c.local_attention:  # Global or local by the (traced) layer index: one branch runs.
+      context = jax.lax.cond(c.is_global_layer(layer_index), attend(False), attend(True),
+                             query, key, value, dropout_key)
     else:
-      context = einsum_attention(
-          query, key, value, mask,
-          lambda probs: _dropout(self, probs, dropout_rate, deterministic=False))
+      context = attend(False)(query, key, value, dropout_key)  # [B, L, N, D]
     return _Einsum(c, (*heads, c.hidden_size), (HEADS, KV, EMBED), (c.hidden_size,), (EMBED,),
                    "blnd,ndh->blh", name="output")(context)  # [B, L, H]
+
+
+def _attend(config: BertConfig, rate: float, segment_ids, mask, local: bool):
+  """The attention of one layer kind as a pure function (query, key, value, dropout key) ->
+  context [B, L, N, D]: the fused `jax.nn.dot_product_attention` where no attention dropout
+  applies (cudnn skips what a local window excludes), else the einsum forms."""
+  half = config.local_attention // 2
+
+  def attend(query, key, value, dropout_key):
+    if rate == 0.0 and config.attention_impl == "cudnn":
+      return jax.nn.dot_product_attention(
+          query, key, value, mask=mask, implementation="cudnn",
+          local_window_size=(half, half) if local else None)
+    if local:
+      return local_attention(query, key, value, segment_ids, half,
+                             lambda probs: dropout(probs, rate, dropout_key, config.dropout_rng))
+    if rate == 0.0 and config.attention_impl == "xla":
+      return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="xla")
+    return einsum_attention(query, key, value, mask,
+                            lambda probs: dropout(probs, rate, dropout_key, config.dropout_rng))
+  return attend
 
 
 # ----------------------------------------------------------------------------------- MLP
@@ -418,27 +562,61 @@ class DenseMLP(nn.Module):
   def __call__(self, x):
     """x [B, L, H] -> [B, L, H]."""
     c = self.config
-    h = _dense(c, c.intermediate_size, (EMBED, MLP), "intermediate")(x)  # [B, L, F]
+    h = _dense(c, c.intermediate_size, (EMBED, MLP), "intermediate", c.mlp_bias)(x)  # [B, L, F]
     h = nn.with_logical_constraint(ACTIVATIONS[c.hidden_act](h), (BATCH, LENGTH, MLP))
-    return _dense(c, c.hidden_size, (MLP, EMBED), "output")(h)  # [B, L, H]
+    return _dense(c, c.hidden_size, (MLP, EMBED), "output", c.mlp_bias)(h)  # [B, L, H]
+
+
+class GatedMLP(nn.Module):
+  """A gated MLP (GeGLU with "gelu", as ModernBERT; Shazeer 2020): act(x W_0) * (x W_1), then
+  back to H; F = intermediate_size is the width of each half (HF ModernBERT's Wi holds both)."""
+  config: BertConfig
+  deterministic: bool
+
+  @nn.compact
+  def __call__(self, x):
+    """x [B, L, H] -> [B, L, H]."""
+    c = self.config
+    up = lambda name: _dense(c, c.intermediate_size, (EMBED, MLP), name, c.mlp_bias)(x)
+    h = ACTIVATIONS[c.hidden_act](up("wi_0")) * up("wi_1")  # [B, L, F]
+    h = nn.with_logical_constraint(h, (BATCH, LENGTH, MLP))
+    return _dense(c, c.hidden_size, (MLP, EMBED), "wo", c.mlp_bias)(h)  # [B, L, H]
 
 
 # MLP block by name (config.model.mlp): a module (config, deterministic) called on x [B, L, H].
-MLP_BLOCKS: dict[str, type[nn.Module]] = {"dense": DenseMLP}
+MLP_BLOCKS: dict[str, type[nn.Module]] = {"dense": DenseMLP, "glu": GatedMLP}
 
 
 # --------------------------------------------------------------------------------- layers
 
 
-def post_norm(x, attention, mlp, attention_norm, mlp_norm, dropout):
-  """BERT's post-LN: x = LN(x + Attn(x)); x = LN(x + MLP(x))."""
-  x = attention_norm(x + dropout(attention(x)))
-  return mlp_norm(x + dropout(mlp(x)))
+class PostNorm:
+  """BERT's post-LN: x = LN(x + Attn(x)); x = LN(x + MLP(x)). No final norm."""
+  final_norm = False
+
+  @staticmethod
+  def layer(x, attention, mlp, attention_norm, mlp_norm, dropout, layer_index):
+    del layer_index
+    x = attention_norm(x + dropout(attention(x)))
+    return mlp_norm(x + dropout(mlp(x)))
 
 
-# Where the norms sit by name (config.model.norm_placement): (x, attention, mlp, attention_norm,
-# mlp_norm, dropout) -> x, each argument but x a function of [B, L, H].
-NORM_PLACEMENTS = {"post": post_norm}
+class PreNorm:
+  """Pre-LN (ModernBERT): x = x + Attn(LN(x)); x = x + MLP(LN(x)); a final LN after the last
+  layer. Layer 0's attention reads the (already normed) embeddings as they are."""
+  final_norm = True
+
+  @staticmethod
+  def layer(x, attention, mlp, attention_norm, mlp_norm, dropout, layer_index):
+    normed = jnp.where(layer_index == 0, x, attention_norm(x))
+    x = x + dropout(attention(normed))
+    return x + dropout(mlp(mlp_norm(x)))
+
+
+# Where the norms sit by name (config.model.norm_placement): `layer(x, attention, mlp,
+# attention_norm, mlp_norm, dropout, layer_index) -> x`, each block a function of [B, L, H], and
+# whether the encoder ends with a norm (`final_norm`).
+NORM_PLACEMENTS = {"post": PostNorm, "pre": PreNorm}
 
 
 class Layer(nn.Module):
@@ -448,34 +626,37 @@ class Layer(nn.Module):
   deterministic: bool
 
   @nn.compact
-  def __call__(self, x, mask, position_ids, layer_index):
+  def __call__(self, x, mask, segment_ids, position_ids, layer_index):
     c = self.config
     attention = SelfAttention(c, self.deterministic, name="attention")
     mlp = MLP_BLOCKS[c.mlp](c, self.deterministic, name="mlp")
-    x = NORM_PLACEMENTS[c.norm_placement](
-        x, lambda y: attention(y, mask, position_ids, layer_index), mlp,
+    x = NORM_PLACEMENTS[c.norm_placement].layer(
+        x, lambda y: attention(y, mask, segment_ids, position_ids, layer_index), mlp,
         LayerNorm(c, name="attention_norm"), LayerNorm(c, name="mlp_norm"),
-        lambda y: _dropout(self, y, c.hidden_dropout_prob, self.deterministic))
+        lambda y: _dropout(self, y, c.hidden_dropout_prob, self.deterministic), layer_index)
     return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED)), None
 
 
 class Encoder(nn.Module):
   """The S layers under one `nn.scan` (params stacked [S, ...], one compiled layer body), each
-  rematerialised as `config.model.remat` says."""
+  rematerialised as `config.model.remat` says; then the final norm of a pre-LN stack."""
   config: BertConfig
 
   @nn.compact
-  def __call__(self, x, mask, position_ids, deterministic: bool):
+  def __call__(self, x, mask, segment_ids, position_ids, deterministic: bool):
     c = self.config
     layer = Layer
     if REMAT_POLICIES[c.remat] is not None:
       layer = nn.remat(Layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
     stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True,
                                                                     "dropout": True},
-                    in_axes=(nn.broadcast, nn.broadcast, 0), length=c.num_hidden_layers,
-                    metadata_params={nn.PARTITION_NAME: LAYERS})
+                    in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
+                    length=c.num_hidden_layers, metadata_params={nn.PARTITION_NAME: LAYERS})
     layer_indices = jnp.arange(c.num_hidden_layers, dtype=jnp.int32)  # [S]
-    x, _ = stack(c, deterministic, name="layers")(x, mask, position_ids, layer_indices)
+    x, _ = stack(c, deterministic, name="layers")(x, mask, segment_ids, position_ids,
+                                                  layer_indices)
+    if NORM_PLACEMENTS[c.norm_placement].final_norm:
+      x = LayerNorm(c, name="final_norm")(x)
     return x
 
 
@@ -516,11 +697,11 @@ class BertModel(nn.Module):
     mask = attention_mask_from_segments(segment_ids)  # [B, 1, L, L], built once.
     x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)  # [B, L, H]
     x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
-    x = self.encoder(x, mask, position_ids, deterministic)
+    x = self.encoder(x, mask, segment_ids, position_ids, deterministic)
     if not self.add_pooling_layer:
       return x, None
-    cls = x[:, 0] if cls_positions is None else gather_positions(x, cls_positions)
-    return x, jnp.tanh(self.pooler(cls))  # [B, H] or [B, K, H]
+    pooled = pool(x, segment_ids, cls_positions, self.config.classifier_pooling)
+    return x, jnp.tanh(self.pooler(pooled))  # [B, H] or [B, K, H]
 
   def attend(self, x):
     return self.embeddings.attend(x)
@@ -531,6 +712,19 @@ def gather_positions(sequence, positions):
   return jnp.take_along_axis(sequence, positions[..., None].astype(jnp.int32), axis=1)
 
 
+def pool(sequence, segment_ids, cls_positions, pooling: str):
+  """Each example's vector: sequence [B, L, H] -> [B, H] (cls_positions None: one example per
+  row, [CLS] at 0) or [B, K, H] (the K packed examples of `cls_positions` [B, K]). "cls": the
+  [CLS] row; "mean": the mean over the example's rows (segment k + 1 for slot k)."""
+  if pooling == "cls":
+    return sequence[:, 0] if cls_positions is None else gather_positions(sequence, cls_positions)
+  slots = 1 if cls_positions is None else cls_positions.shape[1]
+  member = (segment_ids[:, :, None] == jnp.arange(1, slots + 1)).astype(jnp.float32)  # [B, L, K]
+  sums = jnp.einsum("blk,blh->bkh", member, sequence.astype(jnp.float32))
+  means = (sums / jnp.maximum(member.sum(axis=1), 1.0)[..., None]).astype(sequence.dtype)
+  return means[:, 0] if cls_positions is None else means  # [B, H] or [B, K, H]
+
+
 class MaskedLMHead(nn.Module):
   """Dense + activation + LayerNorm, then the decoder tied to the word embeddings + own bias."""
   config: BertConfig
@@ -538,7 +732,7 @@ class MaskedLMHead(nn.Module):
   @nn.compact
   def __call__(self, hidden, bert: BertModel):
     c = self.config
-    h = _dense(c, c.hidden_size, (EMBED, None), "transform")(hidden)
+    h = _dense(c, c.hidden_size, (EMBED, None), "transform", c.classifier_bias)(hidden)
     h = LayerNorm(c, name="transform_norm")(ACTIVATIONS[c.hidden_act](h))
     bias = self.param("bias", _zeros((VOCAB,)), (c.padded_vocab_size,), c.param_dtype)
     logits = bert.attend(h) + bias.astype(jnp.float32)  # [B, P, V'] f32

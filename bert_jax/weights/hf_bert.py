@@ -127,9 +127,10 @@ def _checked_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
     if name not in hf_config:
       continue
     value = hf_config[name]
+    low = 0 if name == "type_vocab_size" else 1  # 0: no token types (bert_jax's own configs).
     if (isinstance(value, bool) or not isinstance(value, numbers.Real)
-        or not math.isfinite(value) or value != int(value) or not 1 <= value <= MAX_SIZE):
-      raise ValueError(f"{name} is {_json_value(value)}; it must be a whole number in [1, "
+        or not math.isfinite(value) or value != int(value) or not low <= value <= MAX_SIZE):
+      raise ValueError(f"{name} is {_json_value(value)}; it must be a whole number in [{low}, "
                        f"{MAX_SIZE}]")
     checked[name] = int(value)
   for name, (low, high) in _REAL_FIELDS.items():
@@ -149,9 +150,26 @@ def _checked_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
   return checked
 
 
+# What HF's BertModel computes: the fields a BERT export needs at these values.
+BERT_ARCHITECTURE = {"position_embedding": "learned", "mlp": "dense", "norm_placement": "post",
+                     "attention_bias": True, "mlp_bias": True, "norm_bias": True,
+                     "classifier_bias": True, "local_attention": 0}
+
+
+def check_is_bert(config: BertConfig) -> None:
+  """Refuses (naming the fields) a config HF's BERT classes cannot compute."""
+  wrong = {k: getattr(config, k) for k, v in BERT_ARCHITECTURE.items() if getattr(config, k) != v}
+  if config.type_vocab_size < 1:
+    wrong["type_vocab_size"] = config.type_vocab_size
+  if wrong:
+    raise ValueError(f"HF's BERT cannot compute this model ({wrong}; BERT has "
+                     f"{BERT_ARCHITECTURE} and type_vocab_size >= 1)")
+
+
 def config_from_hf(hf_config: Mapping[str, Any]) -> BertConfig:
-  """A HuggingFace `config.json` dict -> BertConfig (HF's defaults for absent fields); a
-  ValueError naming the field when one is missing its type or range."""
+  """A HuggingFace BERT `config.json` dict (or bert_jax's own `bert_config.json`, which holds
+  every BertConfig field) -> BertConfig (HF's defaults for absent fields); a ValueError naming
+  the field when one is missing its type or range."""
   if not isinstance(hf_config, Mapping):
     raise ValueError(f"the config is a {type(hf_config).__name__}, not an object of fields")
   model_type = hf_config.get("model_type", "bert")
@@ -286,6 +304,7 @@ def params_to_hf(params: Mapping, config: BertConfig) -> dict[str, np.ndarray]:
   """bert_jax `BertForPreTraining` params (in `config`'s vocabulary padding) -> state dict with
   BertForPreTraining names (numpy, the real vocabulary), including the tied decoder weight and
   bias that `load_state_dict(strict=True)` expects."""
+  check_is_bert(config)
   config, params = unpad_vocab(config, params)
   shapes = param_shapes(config)
   out = {}
