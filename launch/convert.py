@@ -9,6 +9,12 @@ r"""Converts pretrained BERTs between HuggingFace, TensorFlow (google-research/b
   # (a fine-tuned run exports its encoder; the task head is left out)
   python launch/convert.py --from_bert_jax=runs/tiny --to_hf=export/tiny
 
+HuggingFace means BERT (model_type "bert") or ModernBERT (model_type "modernbert": bert_jax's
+modern encoder, rotary / GeGLU / pre-LN / local attention), both ways; --to_hf picks the one
+that computes the model, and writes the tokenizer (tokenizer.json and its config: AutoTokenizer
+gives bert_jax's ids, sentencepiece vocabularies included). A ModernBERT config bert_jax cannot
+represent is refused naming the field.
+
 The output of --from_hf/--from_tf is what `bert_jax.load_pretrained` (and so fine-tuning and
 continued pretraining) starts from. TensorFlow is not needed: its checkpoint format is read
 directly. An output directory that is, holds or lies inside an input is refused before anything
@@ -27,8 +33,9 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bert_jax import cli, storage  # pylint: disable=g-import-not-at-top
 
-flags.DEFINE_string("from_hf", None, "HuggingFace directory (config.json, model.safetensors or "
-                    "pytorch_model.bin, vocab.txt or tokenizer.json).")
+flags.DEFINE_string("from_hf", None, "HuggingFace BERT or ModernBERT directory (config.json, "
+                    "model.safetensors or pytorch_model.bin, and sentencepiece.model, "
+                    "tokenizer.json or vocab.txt).")
 flags.DEFINE_string("from_tf", None, "google-research/bert checkpoint prefix "
                     "(.../bert_model.ckpt) or its directory.")
 flags.DEFINE_string("output_dir", None, "bert_jax pretrained directory to write "
@@ -36,7 +43,8 @@ flags.DEFINE_string("output_dir", None, "bert_jax pretrained directory to write 
 flags.DEFINE_string("from_bert_jax", None, "bert_jax pretrained directory, or training or "
                     "fine-tuning workdir (its encoder and pretraining heads), to export (with "
                     "--to_hf).")
-flags.DEFINE_string("to_hf", None, "HuggingFace directory to write (with --from_bert_jax).")
+flags.DEFINE_string("to_hf", None, "HuggingFace directory to write (with --from_bert_jax): "
+                    "BERT, or ModernBERT for the modern encoder.")
 flags.DEFINE_string("bert_config", None, "bert_config.json for --from_tf (default: beside the "
                     "checkpoint).")
 flags.DEFINE_string("vocab", None, "vocab.txt for --from_tf (default: beside the checkpoint).")

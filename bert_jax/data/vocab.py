@@ -134,7 +134,8 @@ class Vocab:
         raise ValueError(f"{vocab_file}: not a HuggingFace tokenizer.json ({e}).") from e
       if type(tokenizer.model).__name__ != "WordPiece":
         raise ValueError(f"{vocab_file}: tokenizer.json model is "
-                         f"{type(tokenizer.model).__name__}, expected WordPiece.")
+                         f"{type(tokenizer.model).__name__}, expected WordPiece (a "
+                         f"sentencepiece vocabulary loads from its {SENTENCEPIECE_FILE}).")
       tokenizer.no_truncation()
       tokenizer.no_padding()
       return cls("wordpiece", vocab_file, tokenizer, lowercase)
@@ -208,6 +209,15 @@ class Vocab:
       # pretty=True: the layout `Tokenizer.save` writes.
       return TOKENIZER_JSON_FILE, self._processor.to_str(pretty=True).encode("utf-8")
     return WORDPIECE_FILE, "".join(piece + "\n" for piece in self._pieces).encode("utf-8")
+
+  def wordpiece_tokenizer(self):
+    """A copy of a WordPiece vocabulary's `tokenizers.Tokenizer` (normaliser, pre-tokeniser,
+    model, specials), for exports that add their own post-processor."""
+    import tokenizers
+
+    if self.kind != "wordpiece":
+      raise ValueError(f"{self.path}: a {self.kind} vocabulary has no WordPiece tokenizer")
+    return tokenizers.Tokenizer.from_str(self._processor.to_str())
 
   def save(self, directory: str) -> None:
     """Writes the vocabulary into `directory` (local or in a bucket), plus vocab_config.json,

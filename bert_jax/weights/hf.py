@@ -1,11 +1,15 @@
-"""HuggingFace BERT directories in and out.
+"""HuggingFace BERT and ModernBERT directories in and out.
 
 Import (`load_hf`): `config.json`, weights from `model.safetensors` or `pytorch_model.bin` (either
-also sharded behind an `.index.json`), the vocabulary from `tokenizer.json` or `vocab.txt`.
-BertModel, BertForMaskedLM and BertForPreTraining checkpoints load; heads they lack stay absent.
-Export (`save_hf`): `config.json`, `model.safetensors` with BertForPreTraining names, and the
-vocabulary, readable by `transformers`' `from_pretrained`. Parameter names and layouts come from
-`bert_jax.weights.hf_bert`'s one table.
+also sharded behind an `.index.json`), the vocabulary from `sentencepiece.model` (bert_jax's own
+sentencepiece exports), `tokenizer.json` or `vocab.txt`. BertModel, BertForMaskedLM and
+BertForPreTraining checkpoints load, and ModernBertModel / ModernBertForMaskedLM ones
+(config.json's model_type "modernbert"); heads they lack stay absent.
+Export (`save_hf`): `config.json`, `model.safetensors` and the tokenizer files
+(`weights.hf_tokenizer`: AutoTokenizer gives bert_jax's ids), readable by `transformers`'
+`from_pretrained` without remote code: BertForPreTraining names for exact BERT, ModernBERT's for
+the modern encoder (`hf_modernbert.is_modernbert`; no pooler or NSP head there). Parameter names
+and layouts come from `bert_jax.weights.hf_bert`'s one table and `hf_modernbert`.
 
 Directories may be local or in a bucket (gs://, through `bert_jax.storage`): a bucket's weight
 files are read into memory and written from it.
@@ -22,9 +26,9 @@ import safetensors
 import safetensors.numpy
 
 from bert_jax import model as model_lib, storage
-from bert_jax.data.vocab import Vocab
+from bert_jax.data.vocab import SENTENCEPIECE_FILE, Vocab
 from bert_jax.model import BertConfig
-from bert_jax.weights import files, hf_bert
+from bert_jax.weights import files, hf_bert, hf_modernbert, hf_tokenizer
 from bert_jax.weights import params as params_lib
 
 logger = logging.getLogger(__name__)
@@ -38,14 +42,20 @@ _HEAD_PREFIXES = {"pooler": "bert.pooler.", "mlm": "cls.predictions.",
                   "nsp": "cls.seq_relationship."}
 # Tied to the word embeddings and the MLM bias: transformers' own save_pretrained omits them.
 _TIED_KEYS = ("cls.predictions.decoder.weight", "cls.predictions.decoder.bias")
+# What each family's forward takes (tokenizer_config.json's model_input_names).
+_INPUT_NAMES = {"bert": ("input_ids", "token_type_ids", "attention_mask"),
+                "modernbert": ("input_ids", "attention_mask")}
 
 
 # ---------------------------------------------------------------------------------- import
 
 
 def read_vocab(directory: str, lowercase: bool | None = None) -> Vocab:
-  """tokenizer.json or vocab.txt of a HF directory; casing from tokenizer_config.json unless
-  `lowercase` is given."""
+  """sentencepiece.model (a bert_jax export's exact sentencepiece vocabulary, beside the
+  tokenizer.json made from it), else tokenizer.json or vocab.txt of a HF directory (WordPiece;
+  casing from tokenizer_config.json unless `lowercase` is given)."""
+  if storage.isfile(storage.join(directory, SENTENCEPIECE_FILE)):
+    return Vocab.from_sentencepiece(storage.join(directory, SENTENCEPIECE_FILE))
   if lowercase is None:
     tokenizer_config = storage.join(directory, "tokenizer_config.json")
     if storage.isfile(tokenizer_config):
@@ -141,22 +151,37 @@ def read_weights(directory: str) -> tuple[dict[str, np.ndarray], str]:
   raise ValueError(f"{directory}: no weights (expected one of {', '.join(WEIGHTS_FILES)})")
 
 
-def params_from_state(state: Mapping[str, np.ndarray], config: BertConfig, source: str) -> dict:
+def params_from_state(state: Mapping[str, np.ndarray], config: BertConfig, source: str,
+                      family: str = "bert") -> dict:
   """Checked float32 params of a state dict with HuggingFace BertForPreTraining (or BertModel)
-  names; errors start with `source`."""
+  names, or ModernBERT's (`family` "modernbert"); errors start with `source`."""
+  convert = hf_modernbert.params_from_hf if family == "modernbert" else hf_bert.params_from_hf
   with warnings.catch_warnings():
     warnings.simplefilter("ignore")  # Missing heads: reported once, by load_pretrained.
     try:
-      params = hf_bert.params_from_hf(state, config)
+      params = convert(state, config)
     except ValueError as e:
       raise ValueError(f"{source}: {e}") from e
   return params_lib.check_params(params, config, source)
 
 
+def read_config(config_file: str) -> tuple[BertConfig, str]:
+  """(float32 config, family "bert" or "modernbert") of a HF config.json, by its model_type;
+  errors name the file and the field."""
+  values = files.read_json(config_file)
+  if values.get("model_type") != hf_modernbert.MODEL_TYPE:
+    return params_lib.config_from_dict(values, config_file), "bert"
+  try:
+    return hf_modernbert.config_from_hf(values), "modernbert"
+  except (TypeError, ValueError) as e:
+    raise ValueError(f"{config_file}: {e}") from e
+
+
 def load_hf(directory: str, lowercase: bool | None = None) -> tuple[BertConfig, dict, Vocab]:
-  """A HuggingFace BERT directory (config.json, weights, vocab.txt or tokenizer.json) ->
-  (config, float32 params, vocab). BertModel, BertForMaskedLM and BertForPreTraining work;
-  heads they lack are absent from the params (see `heads_present`)."""
+  """A HuggingFace BERT or ModernBERT directory (config.json, weights, a vocabulary) ->
+  (config, float32 params, vocab). BertModel, BertForMaskedLM, BertForPreTraining,
+  ModernBertModel and ModernBertForMaskedLM work; heads they lack are absent from the params
+  (see `heads_present`)."""
   directory = storage.absolute(directory)
   if not storage.isdir(directory):
     raise ValueError(f"HuggingFace directory {directory} does not exist")
@@ -165,10 +190,10 @@ def load_hf(directory: str, lowercase: bool | None = None) -> tuple[BertConfig, 
     raise ValueError(f"{directory}: no {CONFIG_FILE} (a HuggingFace BERT directory holds "
                      f"{CONFIG_FILE}, model.safetensors or pytorch_model.bin, and "
                      f"{' or '.join(VOCAB_FILES)})")
-  config = params_lib.config_from_dict(files.read_json(config_file), config_file)
+  config, family = read_config(config_file)
   vocab = read_vocab(directory, lowercase)
   state, weights_file = read_weights(directory)
-  params = params_from_state(state, config, f"{weights_file} (with {config_file})")
+  params = params_from_state(state, config, f"{weights_file} (with {config_file})", family)
   params_lib.check_vocab_fits(vocab, config, directory)
   return config, params, vocab
 
@@ -177,7 +202,7 @@ def load_hf(directory: str, lowercase: bool | None = None) -> tuple[BertConfig, 
 
 
 def hf_architecture(heads: Mapping[str, bool]) -> str:
-  """The transformers class whose parameters are exactly these (for config.json)."""
+  """The transformers BERT class whose parameters are exactly these (for config.json)."""
   if heads["mlm"] and heads["nsp"]:
     return "BertForPreTraining"
   if heads["mlm"]:
@@ -187,17 +212,46 @@ def hf_architecture(heads: Mapping[str, bool]) -> str:
   return "BertModel"
 
 
+def hf_family(config: BertConfig) -> str:
+  """"bert" or "modernbert": the HF model that computes what `config` does; a ValueError naming
+  the fields when neither does."""
+  if hf_modernbert.is_modernbert(config):
+    return "modernbert"
+  try:
+    hf_bert.check_is_bert(config)
+  except ValueError as e:
+    raise ValueError(f"{e}; nor can ModernBERT, which has {hf_modernbert.ARCHITECTURE}") from e
+  return "bert"
+
+
+def _filled(params: Mapping, config: BertConfig) -> dict:
+  """`params` with absent heads as zeros: the name tables convert whole trees only (the zeros
+  are dropped again)."""
+  flat = params_lib.flatten(params)
+  return params_lib.unflatten({p: flat.get(p, np.zeros(s, np.float32))
+                               for p, s in model_lib.param_shapes(config).items()})
+
+
 def _state_to_save(params: Mapping, config: BertConfig,
                    heads: Mapping[str, bool]) -> dict[str, np.ndarray]:
-  """The HF state dict of checked `params`: absent heads and tied keys left out."""
-  # Absent heads are filled with zeros only to reuse hf_bert's one table, then dropped again.
-  expected = model_lib.param_shapes(config)
-  flat = params_lib.flatten(params)
-  filled = params_lib.unflatten(
-      {p: flat.get(p, np.zeros(s, np.float32)) for p, s in expected.items()})
+  """The HF BERT state dict of checked `params`: absent heads and tied keys left out."""
   absent = tuple(_HEAD_PREFIXES[h] for h, present in heads.items() if not present)
-  return {k: np.ascontiguousarray(v) for k, v in hf_bert.params_to_hf(filled, config).items()
+  return {k: np.ascontiguousarray(v)
+          for k, v in hf_bert.params_to_hf(_filled(params, config), config).items()
           if k not in _TIED_KEYS and not k.startswith(absent)}
+
+
+def _modern_state(params: Mapping, config: BertConfig,
+                  heads: Mapping[str, bool]) -> tuple[dict[str, np.ndarray], str]:
+  """(state dict, architecture) of the modern encoder: ModernBertForMaskedLM with the MLM head
+  (the tied decoder.weight left out, as transformers' save_pretrained does), else
+  ModernBertModel (its names carry no `model.` prefix)."""
+  state = hf_modernbert.params_to_hf(_filled(params, config), config)
+  del state["decoder.weight"]
+  if heads["mlm"]:
+    return state, "ModernBertForMaskedLM"
+  return {k[len("model."):]: v for k, v in state.items() if k.startswith("model.")}, \
+      "ModernBertModel"
 
 
 def _hf_config(config: BertConfig, architecture: str, vocab: Vocab | None) -> dict:
@@ -212,53 +266,55 @@ def _hf_config(config: BertConfig, architecture: str, vocab: Vocab | None) -> di
   }
 
 
+def _modern_config(config: BertConfig, architecture: str, vocab: Vocab | None) -> dict:
+  ids = ((vocab.pad_id, vocab.cls_id, vocab.sep_id) if vocab is not None else (None,) * 3)
+  special_ids = dict(zip(("pad_token_id", "cls_token_id", "sep_token_id"), ids))
+  # bos/eos as ModernBERT's own config: [CLS] and [SEP].
+  special_ids.update(bos_token_id=ids[1], eos_token_id=ids[2])
+  return {**hf_modernbert.config_to_hf(config, special_ids), "architectures": [architecture]}
+
+
 def save_hf(output_dir: str, params: Mapping, config: BertConfig, vocab: Vocab | None,
             overwrite: bool = False) -> str:
   """Writes a HuggingFace directory: config.json, model.safetensors (BertForPreTraining names,
-  tied decoder keys omitted as transformers' own save_pretrained does) and the vocabulary
-  (vocab.txt + tokenizer_config.json for WordPiece; a sentencepiece model is copied as-is).
-  Returns the transformers architecture written (heads decide it, see `hf_architecture`)."""
+  or ModernBERT's for the modern encoder; tied decoder keys omitted as transformers' own
+  save_pretrained does) and the tokenizer (`hf_tokenizer.tokenizer_files`). Returns the
+  transformers architecture written (heads decide it, see `hf_architecture`)."""
   params = params_lib.check_params(params, config, "params to export")
   heads = params_lib.heads_present(params)
-  state = _state_to_save(params, config, heads)
+  family = hf_family(config)
+  if family == "modernbert":
+    state, architecture = _modern_state(params, config, heads)
+    hf_config = _modern_config(config, architecture, vocab)
+  else:
+    state, architecture = _state_to_save(params, config, heads), hf_architecture(heads)
+    hf_config = _hf_config(config, architecture, vocab)
   output_dir = files.fresh_output_dir(os.fspath(output_dir), overwrite)
-  architecture = hf_architecture(heads)
-  files.write_json(storage.join(output_dir, CONFIG_FILE), _hf_config(config, architecture, vocab))
+  files.write_json(storage.join(output_dir, CONFIG_FILE), hf_config)
   weights_file = storage.join(output_dir, "model.safetensors")
+  state = {k: np.ascontiguousarray(v) for k, v in state.items()}
   if storage.is_remote(weights_file):  # One upload of the bytes (safetensors writes local files).
     storage.write_bytes(weights_file, safetensors.numpy.save(state, metadata={"format": "pt"}))
   else:  # Streamed to disk, without a second copy of the weights in memory.
     safetensors.numpy.save_file(state, weights_file, metadata={"format": "pt"})
   if vocab is not None:
-    _save_vocab(output_dir, vocab, config)
+    for name, content in hf_tokenizer.tokenizer_files(
+        vocab, config.max_position_embeddings, _INPUT_NAMES[family]).items():
+      storage.write_bytes(storage.join(output_dir, name), content)
+  _log_heads(output_dir, heads, architecture, family)
+  return architecture
+
+
+def _log_heads(output_dir: str, heads: Mapping[str, bool], architecture: str,
+               family: str) -> None:
+  """What the export leaves out, or what transformers will initialise."""
+  if family == "modernbert":
+    if heads["pooler"] or heads["nsp"]:
+      logger.info("%s: ModernBERT has no pooler or NSP head; the params' are left out",
+                  output_dir)
+    return
   if not heads["pooler"] and architecture != "BertForMaskedLM":
     logger.warning("%s: the params have no pooler; transformers will initialise it randomly",
                    output_dir)
   if heads["pooler"] and architecture == "BertForMaskedLM":
     logger.info("%s: BertForMaskedLM does not use the pooler written with it", output_dir)
-  return architecture
-
-
-def _write_vocab_model_file(vocab: Vocab, output_dir: str) -> None:
-  """Writes the vocabulary's own model file (sentencepiece.model or tokenizer.json, as
-  `Vocab.save` names it)."""
-  name, content = vocab.model_file()
-  storage.write_bytes(storage.join(output_dir, name), content)
-
-
-def _save_vocab(output_dir: str, vocab: Vocab, config: BertConfig) -> None:
-  if vocab.kind == "sentencepiece":
-    _write_vocab_model_file(vocab, output_dir)
-    logger.warning("%s: the vocabulary is a sentencepiece model (copied as sentencepiece.model);"
-                   " HuggingFace's BertTokenizer cannot read it, tokenize with "
-                   "sentencepiece or bert_jax.data.vocab.Vocab", output_dir)
-    return
-  storage.write_text(storage.join(output_dir, "vocab.txt"),
-                     "".join(vocab.id_to_piece(i) + "\n" for i in range(vocab.size)))
-  if vocab.path.endswith(".json"):  # Keep the exact tokenizer (normaliser settings) too.
-    _write_vocab_model_file(vocab, output_dir)
-  tokenizer_config = {"tokenizer_class": "BertTokenizer",
-                      "model_max_length": config.max_position_embeddings}
-  if vocab.lowercase is not None:
-    tokenizer_config["do_lower_case"] = bool(vocab.lowercase)
-  files.write_json(storage.join(output_dir, "tokenizer_config.json"), tokenizer_config)

@@ -17,47 +17,69 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from bert_jax.model import ACTIVATIONS, BertConfig, param_shapes
+from bert_jax.model import ACTIVATIONS, POOLINGS, BertConfig, param_shapes
 from bert_jax.weights.layout import pad_vocab, unpad_vocab
 
 MODEL_TYPE = "modernbert"
 # BertConfig fields that make an encoder a ModernBERT (the rest: sizes and options).
-_ARCHITECTURE = {"position_embedding": "rotary", "mlp": "glu", "norm_placement": "pre",
-                 "type_vocab_size": 0}
+ARCHITECTURE = {"position_embedding": "rotary", "mlp": "glu", "norm_placement": "pre",
+                "type_vocab_size": 0}
 _LAYERS = ("bert", "encoder", "layers")
+MAX_SIZE = 2**31 - 1  # As hf_bert: jax takes no larger Python int for an int32 argument.
+# HF ModernBertConfig's defaults of the sizes bert_jax reads.
+_SIZES = {"vocab_size": 50368, "hidden_size": 768, "intermediate_size": 1152,
+          "num_hidden_layers": 22, "num_attention_heads": 12, "max_position_embeddings": 8192}
 
 
 def is_modernbert(config: BertConfig) -> bool:
   """Whether `config` is the architecture HF's ModernBERT computes."""
-  return all(getattr(config, k) == v for k, v in _ARCHITECTURE.items())
+  return all(getattr(config, k) == v for k, v in ARCHITECTURE.items())
 
 
 def _whole(name: str, value: Any, low: int = 1) -> int:
   if (isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value)
-      or value != int(value) or value < low):
-    raise ValueError(f"{name} is {value!r}; it must be a whole number >= {low}")
+      or value != int(value) or not low <= value <= MAX_SIZE):
+    raise ValueError(f"{name} is {value!r}; it must be a whole number in [{low}, {MAX_SIZE}]")
   return int(value)
 
 
-def _every_n(layer_types: list[str], num_layers: int) -> int:
-  """n of a layer_types list that is "full_attention" exactly at layers 0, n, 2n, ...; a
-  ValueError for any other pattern (bert_jax's local layers follow that rule)."""
-  if len(layer_types) != num_layers:
-    raise ValueError(f"layer_types has {len(layer_types)} entries for num_hidden_layers="
-                     f"{num_layers}")
-  full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
-  unknown = sorted(set(layer_types) - {"full_attention", "sliding_attention"})
+def _real(name: str, value: Any, high: float = math.inf) -> float:
+  """A number in [0, high] (dropouts: 1), named when it is not."""
+  if (isinstance(value, bool) or not isinstance(value, numbers.Real) or math.isnan(value)
+      or not 0 <= value <= high):
+    raise ValueError(f"{name} is {value!r}; it must be a number in [0, {high}]")
+  return float(value)
+
+
+def _flag(hf_config: Mapping[str, Any], name: str, default: bool) -> bool:
+  value = hf_config.get(name, default)
+  if not isinstance(value, bool):
+    raise ValueError(f"{name} is {value!r}; it must be true or false")
+  return value
+
+
+def _every_n(layer_types: Any, num_layers: int) -> int:
+  """n of a layer_types list that is "full_attention" exactly at layers 0, n, 2n, ... (n =
+  num_layers when layer 0 is the only global one; 1 when every layer is); a ValueError for any
+  other pattern (bert_jax's local layers follow that rule)."""
+  if not isinstance(layer_types, list) or len(layer_types) != num_layers:
+    raise ValueError(f"layer_types is {str(layer_types)[:60]}: it must list one kind per layer "
+                     f"(num_hidden_layers={num_layers})")
+  unknown = sorted(set(map(str, layer_types)) - {"full_attention", "sliding_attention"})
   if unknown:
     raise ValueError(f"layer_types holds {unknown}: only full_attention and sliding_attention")
-  every = full[1] if len(full) > 1 else num_layers + 1
-  if not full or full[0] != 0 or full != list(range(0, num_layers, every)):
-    raise ValueError(f"layer_types puts global layers at {full}: bert_jax needs them at layers "
-                     "0, n, 2n, ... (global_attn_every_n_layers)")
+  full = [i for i, kind in enumerate(layer_types) if kind == "full_attention"]
+  every = full[1] if len(full) > 1 else num_layers
+  if not full or full[0] != 0 or full != list(range(0, num_layers, max(every, 1))):
+    raise ValueError(f"layer_types puts global (full_attention) layers at {full}: bert_jax "
+                     "needs them at layers 0, n, 2n, ... (global_attn_every_n_layers)")
   return every
 
 
 def _rope_theta(hf_config: Mapping[str, Any], kind: str, legacy: str, default: float) -> float:
   params = (hf_config.get("rope_parameters") or {}).get(kind) or {}
+  if not isinstance(params, Mapping):
+    raise ValueError(f"rope_parameters.{kind} is {params!r}; it must be an object")
   if params.get("rope_type", "default") != "default":
     raise ValueError(f"rope_parameters.{kind}.rope_type is {params['rope_type']!r}: bert_jax "
                      "computes the default RoPE only")
@@ -67,60 +89,87 @@ def _rope_theta(hf_config: Mapping[str, Any], kind: str, legacy: str, default: f
   return float(theta)
 
 
-def _check_representable(hf_config: Mapping[str, Any]) -> None:
-  for name, expected in (("tie_word_embeddings", True), ("decoder_bias", True)):
-    if hf_config.get(name, expected) is not expected:
-      raise ValueError(f"{name} is {hf_config[name]!r}: bert_jax's MLM decoder is tied to the "
-                       "word embeddings and has a bias")
+def _check_representable(hf_config: Mapping[str, Any], sizes: Mapping[str, int]) -> None:
+  """What bert_jax's modern encoder cannot compute, named by field: an untied or bias-less
+  decoder, an activation bert_jax lacks, another head size, a RoPE scaling."""
+  for name in ("tie_word_embeddings", "decoder_bias"):
+    if not _flag(hf_config, name, True):
+      raise ValueError(f"{name} is false: bert_jax's MLM decoder is tied to the word "
+                       "embeddings and has a bias")
   act = hf_config.get("hidden_activation", "gelu")
   if act not in ACTIVATIONS:
     raise ValueError(f"hidden_activation is {act!r}: bert_jax has {sorted(ACTIVATIONS)}")
   if hf_config.get("classifier_activation", act) != act:
     raise ValueError(f"classifier_activation is {hf_config['classifier_activation']!r}: "
                      f"bert_jax's MLM head uses hidden_activation ({act!r})")
-  if hf_config.get("head_dim") not in (None, hf_config.get("hidden_size", 768)
-                                       // hf_config.get("num_attention_heads", 12)):
-    raise ValueError(f"head_dim is {hf_config['head_dim']}: bert_jax's is hidden_size / "
-                     "num_attention_heads")
+  heads = sizes["num_attention_heads"]
+  if sizes["hidden_size"] % heads or hf_config.get("head_dim") not in (
+      None, sizes["hidden_size"] // heads):
+    raise ValueError(f"head_dim is {hf_config.get('head_dim')} with hidden_size="
+                     f"{sizes['hidden_size']} and num_attention_heads={heads}: bert_jax's head "
+                     "size is hidden_size / num_attention_heads, a whole number")
+  if hf_config.get("rope_scaling"):
+    raise ValueError(f"rope_scaling is {hf_config['rope_scaling']!r}: bert_jax computes the "
+                     "default RoPE only")
+
+
+def _layer_pattern(hf_config: Mapping[str, Any], layers: int) -> tuple[int, int]:
+  """(local_attention, global_attn_every_n_layers) of bert_jax: (0, 1) when every layer is
+  global."""
+  if hf_config.get("layer_types") is not None:
+    every = _every_n(hf_config["layer_types"], layers)
+  else:  # Configs older than layer_types: the global layer every n from layer 0.
+    every = _whole("global_attn_every_n_layers", hf_config.get("global_attn_every_n_layers", 3))
+  if every == 1 or layers == 1:
+    return 0, 1
+  window = _whole("local_attention", hf_config.get("local_attention", 128), low=2)
+  if window % 2:
+    raise ValueError(f"local_attention is {window}: bert_jax needs an even window width (a "
+                     "token sees local_attention / 2 rows each way)")
+  return window, every
 
 
 def config_from_hf(hf_config: Mapping[str, Any]) -> BertConfig:
   """A HF ModernBertConfig dict (`config.json`, HF's defaults for absent fields) -> the modern
   encoder's BertConfig; a ValueError naming the field bert_jax cannot represent."""
-  _check_representable(hf_config)
-  sizes = {name: _whole(name, hf_config.get(name, default)) for name, default in (
-      ("vocab_size", 50368), ("hidden_size", 768), ("intermediate_size", 1152),
-      ("num_hidden_layers", 22), ("num_attention_heads", 12),
-      ("max_position_embeddings", 8192))}
-  layers = sizes["num_hidden_layers"]
-  every = hf_config.get("global_attn_every_n_layers", 3)
-  if hf_config.get("layer_types") is not None:
-    every = _every_n(list(hf_config["layer_types"]), layers)
-  window = _whole("local_attention", hf_config.get("local_attention", 128), low=2)
-  if window % 2:
-    raise ValueError(f"local_attention is {window}: bert_jax needs an even window width")
+  if not isinstance(hf_config, Mapping):
+    raise ValueError(f"the config is a {type(hf_config).__name__}, not an object of fields")
+  sizes = {name: _whole(name, hf_config.get(name, default)) for name, default in _SIZES.items()}
+  _check_representable(hf_config, sizes)
+  window, every = _layer_pattern(hf_config, sizes["num_hidden_layers"])
+  pooling = hf_config.get("classifier_pooling", "cls")
+  if pooling not in POOLINGS:
+    raise ValueError(f"classifier_pooling is {pooling!r}: bert_jax has {list(POOLINGS)}")
   return BertConfig(
       **sizes, type_vocab_size=0, hidden_act=hf_config.get("hidden_activation", "gelu"),
-      layer_norm_eps=float(hf_config.get("norm_eps", 1e-5)), position_embedding="rotary",
-      mlp="glu", norm_placement="pre", attention_bias=bool(hf_config.get("attention_bias", False)),
-      mlp_bias=bool(hf_config.get("mlp_bias", False)),
-      norm_bias=bool(hf_config.get("norm_bias", False)),
-      classifier_bias=bool(hf_config.get("classifier_bias", False)),
+      layer_norm_eps=_real("norm_eps", hf_config.get("norm_eps", 1e-5)),
+      position_embedding="rotary", mlp="glu", norm_placement="pre",
+      attention_bias=_flag(hf_config, "attention_bias", False),
+      mlp_bias=_flag(hf_config, "mlp_bias", False), norm_bias=_flag(hf_config, "norm_bias", False),
+      classifier_bias=_flag(hf_config, "classifier_bias", False),
       global_rope_theta=_rope_theta(hf_config, "full_attention", "global_rope_theta", 160_000.0),
       local_rope_theta=_rope_theta(hf_config, "sliding_attention", "local_rope_theta", 10_000.0),
-      local_attention=window if every <= layers else 0,
-      global_attn_every_n_layers=every if every <= layers else 1,
-      hidden_dropout_prob=float(hf_config.get("mlp_dropout", 0.0)),
-      attention_probs_dropout_prob=float(hf_config.get("attention_dropout", 0.0)),
-      initializer_range=float(hf_config.get("initializer_range", 0.02)),
-      classifier_pooling=hf_config.get("classifier_pooling", "cls"))
+      local_attention=window, global_attn_every_n_layers=every,
+      hidden_dropout_prob=_real("mlp_dropout", hf_config.get("mlp_dropout", 0.0), 1.0),
+      attention_probs_dropout_prob=_real("attention_dropout",
+                                         hf_config.get("attention_dropout", 0.0), 1.0),
+      initializer_range=_real("initializer_range", hf_config.get("initializer_range", 0.02)),
+      classifier_pooling=pooling)
 
 
-def config_to_hf(config: BertConfig, special_ids: Mapping[str, int]) -> dict[str, Any]:
-  """The config.json of `config` as ModernBertForMaskedLM (HF v5 field names)."""
-  if not is_modernbert(config):
-    wrong = {k: getattr(config, k) for k, v in _ARCHITECTURE.items() if getattr(config, k) != v}
-    raise ValueError(f"not a ModernBERT architecture ({wrong}; ModernBERT is {_ARCHITECTURE})")
+def check_is_modernbert(config: BertConfig) -> None:
+  """Refuses (naming the fields) a config HF's ModernBERT cannot compute."""
+  wrong = {k: getattr(config, k) for k, v in ARCHITECTURE.items() if getattr(config, k) != v}
+  if wrong:
+    raise ValueError(f"HF's ModernBERT cannot compute this model ({wrong}; ModernBERT has "
+                     f"{ARCHITECTURE})")
+
+
+def config_to_hf(config: BertConfig, special_ids: Mapping[str, int | None]) -> dict[str, Any]:
+  """The config.json of `config` as ModernBertForMaskedLM (HF v5 field names); `special_ids`:
+  pad/cls/sep/bos/eos_token_id (None without a vocabulary: HF's defaults are ModernBERT's own
+  50k vocabulary's)."""
+  check_is_modernbert(config)
   layer_types = ["full_attention" if config.is_global_layer(i) else "sliding_attention"
                  for i in range(config.num_hidden_layers)]
   return {
