@@ -11,13 +11,14 @@ import dataclasses
 import functools
 from typing import Any, Sequence
 
+import flax.linen as nn
 import jax
 import numpy as np
 
 from bert_jax import checkpointing, evaluation, storage, tasks
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.model import BertConfig, BertModel, MaskedLMHead, gather_positions
 
 MASK_TEXT = "[MASK]"
 
@@ -48,10 +49,27 @@ def _round_up(n: int, multiple: int) -> int:
   return -(-n // multiple) * multiple
 
 
+class _MaskedLM(nn.Module):
+  """The encoder and MLM head of `BertForPreTraining` (same parameter names) without the pooler
+  and NSP head: a checkpoint without them (HF BertForMaskedLM, any ModernBERT) fills masks."""
+  config: BertConfig
+
+  def setup(self):
+    self.bert = BertModel(self.config, add_pooling_layer=False, name="bert")
+    self.mlm = MaskedLMHead(self.config, name="mlm")
+
+  def __call__(self, input_ids, token_type_ids, segment_ids, masked_lm_positions):
+    """[B, L] inputs, masked_lm_positions [B, P] -> MLM logits [B, P, V] f32."""
+    sequence, _ = self.bert(input_ids, token_type_ids, segment_ids)
+    return self.mlm(gather_positions(sequence, masked_lm_positions), self.bert)
+
+
 @functools.lru_cache(maxsize=4)
 def _mlm_forward(config: BertConfig):
-  model = BertForPreTraining(config)
-  return jax.jit(lambda params, *inputs: model.apply({"params": params}, *inputs))
+  model = _MaskedLM(config)
+  # Only the encoder and the MLM head: the pooler and NSP head, when present, are not read.
+  return jax.jit(lambda params, *inputs: model.apply(
+      {"params": {k: params[k] for k in ("bert", "mlm")}}, *inputs))
 
 
 def fill_mask(checkpoint: str | tuple[BertConfig, dict, Vocab], text: str,
@@ -91,10 +109,10 @@ def fill_mask(checkpoint: str | tuple[BertConfig, dict, Vocab], text: str,
   attention_mask = (np.arange(length) < len(ids)).astype(np.int32)[None]
   padded_positions = np.zeros((1, _round_up(len(positions), 4)), np.int32)
   padded_positions[0, :len(positions)] = positions
-  outputs = _mlm_forward(config)(params, input_ids, np.zeros_like(input_ids), attention_mask,
-                                 padded_positions)
+  mlm_logits = _mlm_forward(config)(params, input_ids, np.zeros_like(input_ids),
+                                    attention_mask, padded_positions)
   # The real vocabulary's rows (the table may have padding rows, or unused rows past it).
-  logits = np.asarray(outputs["mlm_logits"][0, :len(positions)], np.float64)[:, :vocab.size]
+  logits = np.asarray(mlm_logits[0, :len(positions)], np.float64)[:, :vocab.size]
   probs = np.exp(logits - logits.max(-1, keepdims=True))
   probs /= probs.sum(-1, keepdims=True)
   results = []
