@@ -1,0 +1,444 @@
+"""The modern encoder (ModernBERT) and HuggingFace: parity with `ModernBertForMaskedLM`, export
+that transformers loads without remote code, import, the round trip, configs bert_jax cannot
+represent, tokenizers in every export (AutoTokenizer gives bert_jax's ids), and prediction and
+fine-tuning from a modern encoder.
+
+Every reference is a randomly initialised `transformers` ModernBERT built from a config (no
+downloads), its weights scaled up and its norms perturbed so that attention is far from uniform
+and every norm really is compared; batches are longer than the local window (local layers
+matter: the test checks that they do) and padded at the end (compared on real rows only: HF
+and bert_jax differ only in what padding rows attend to, which nothing reads).
+"""
+
+import dataclasses
+import functools
+import json
+import os
+import random
+import shutil
+import subprocess
+import sys
+
+import jax
+import numpy as np
+import pytest
+import safetensors.numpy
+import torch
+import transformers
+
+from bert_jax import finetune, model as model_lib, predict, weights
+from bert_jax.data.encoding import encode_pair
+from bert_jax.data.vocab import Vocab, train_sentencepiece
+from bert_jax.model import BertConfig, BertForPreTraining, param_shapes
+from bert_jax.weights import hf, hf_modernbert, params as params_lib
+from configs import finetune_classification, finetune_qa, finetune_tagging
+from tests import test_finetune as ft
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+TOLERANCE = 1e-4  # Max abs MLM logit difference, float32.
+# A tiny ModernBERT: 4 layers, global at 0 and 3, local (window 8: +-4 rows) at 1 and 2.
+HF_SIZES = dict(vocab_size=211, hidden_size=64, intermediate_size=96, num_hidden_layers=4,
+                num_attention_heads=4, max_position_embeddings=128, local_attention=8,
+                layer_types=["full_attention", "sliding_attention", "sliding_attention",
+                             "full_attention"],
+                rope_parameters={"full_attention": {"rope_type": "default", "rope_theta": 1e3},
+                                 "sliding_attention": {"rope_type": "default",
+                                                       "rope_theta": 1e2}},
+                pad_token_id=0, cls_token_id=2, sep_token_id=3, bos_token_id=2, eos_token_id=3)
+# Texts for the tokenizers: accents, CJK, emoji (byte fallback), runs of spaces, tabs,
+# newlines, leading/trailing blanks, a literal "▁", full-width forms, NBSP, zero-width space.
+SENTENCES = ["Hello, world! The cat sat on the mat.", "The café's naïve façade: really?",
+             "日本語の文章です。中文也可以！", "Unknownword zzqx Привет 🙂 don't stop-believing...",
+             "  multiple   spaces\tand\ttabs\nÉCOLE École ecole ", "", " ",
+             "\u2581starts with the marker", "ｆｕｌｌｗｉｄｔｈ ①② x\u00a0y z\u200bw",
+             "def encode(self, text: str) -> list[int]:", "x = {'a': 1, \"b\": [2, 3]}  # why?"]
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess:
+  """A launcher on one CPU device."""
+  env = {**os.environ, "JAX_PLATFORMS": "cpu"}
+  env.pop("XLA_FLAGS", None)
+  return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args],
+                        capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
+
+
+def _hf_modernbert(seed: int = 0, **overrides) -> transformers.ModernBertForMaskedLM:
+  """Random init, matrices x8 (peaked attention), every norm and bias perturbed."""
+  config = transformers.ModernBertConfig(**{**HF_SIZES, **overrides},
+                                         attn_implementation="sdpa")
+  torch.manual_seed(seed)
+  model = transformers.ModernBertForMaskedLM(config).eval()
+  with torch.no_grad():
+    for name, param in model.named_parameters():
+      if param.ndim == 2 and "embeddings" not in name:
+        param.mul_(8.0)
+      else:
+        param.add_(0.2 * torch.randn_like(param))
+  return model
+
+
+def _padded_batch(vocab_size: int, length: int = 40) -> tuple[np.ndarray, np.ndarray]:
+  """(input_ids, attention_mask) [3, length]: one full row, two padded at the end (one shorter
+  than the window)."""
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, vocab_size, (3, length))
+  mask = np.ones((3, length), np.int64)
+  mask[1, 29:] = 0
+  mask[2, 7:] = 0
+  return ids * mask, mask
+
+
+def _hf_logits(model, ids: np.ndarray, mask: np.ndarray) -> np.ndarray:
+  with torch.no_grad():
+    return model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask)).logits.numpy()
+
+
+@functools.lru_cache(maxsize=None)
+def _forward(config: BertConfig):
+  """BertForPreTraining's MLM logits, jitted once per config."""
+  return jax.jit(lambda params, *inputs: BertForPreTraining(config).apply(
+      {"params": params}, *inputs)["mlm_logits"])
+
+
+def _our_logits(config: BertConfig, params: dict, ids: np.ndarray, mask: np.ndarray):
+  """MLM logits [B, L, V] at every row (masked positions 0..L-1)."""
+  positions = np.broadcast_to(np.arange(ids.shape[1]), ids.shape).astype(np.int32)
+  # A HF ModernBERT has no pooler or NSP head: zeros (the MLM logits never read them).
+  zeros = {path: np.zeros(shape, np.float32) for path, shape in param_shapes(config).items()}
+  params = params_lib.fill_missing_heads(params, params_lib.unflatten(zeros))
+  return np.asarray(_forward(config)(params, ids.astype(np.int32), np.zeros_like(ids, np.int32),
+                                     mask.astype(np.int32), positions))
+
+
+def _max_error(ours: np.ndarray, theirs: np.ndarray, mask: np.ndarray) -> float:
+  return float(np.abs(ours - theirs)[mask.astype(bool)].max())
+
+
+@pytest.fixture(scope="module")
+def reference():
+  """(HF model, its config.json dict, bert_jax config, params) of the tiny ModernBERT."""
+  model = _hf_modernbert()
+  hf_config = model.config.to_dict()
+  config = hf_modernbert.config_from_hf(hf_config)
+  return model, hf_config, config, hf_modernbert.params_from_hf(model.state_dict(), config)
+
+
+# ------------------------------------------------------------------------------- parity
+
+
+def test_logits_equal_hf_modernbert_on_padded_batches_with_local_layers(reference):
+  model, _, config, params = reference
+  assert (config.local_attention, config.global_attn_every_n_layers) == (8, 3)
+  assert [config.is_global_layer(i) for i in range(4)] == [True, False, False, True]
+  ids, mask = _padded_batch(config.vocab_size)
+  theirs = _hf_logits(model, ids, mask)
+  error = _max_error(_our_logits(config, params, ids, mask), theirs, mask)
+  print(f"\nModernBERT parity: max abs MLM logit error {error:.2e} (logits up to "
+        f"{np.abs(theirs).max():.1f})")
+  assert error <= TOLERANCE
+  # The comparison sees the local window: every layer global, the logits move.
+  every_layer_global = dataclasses.replace(config, local_attention=0,
+                                           global_attn_every_n_layers=1)
+  assert _max_error(_our_logits(every_layer_global, params, ids, mask), theirs, mask) > 0.1
+
+
+def test_biases_and_another_layer_pattern_keep_parity():
+  """Biases everywhere (attention, MLP, norms, head), gelu_new, global every 2nd of 3 layers."""
+  model = _hf_modernbert(seed=1, attention_bias=True, mlp_bias=True, norm_bias=True,
+                         classifier_bias=True, hidden_activation="gelu_new",
+                         classifier_activation="gelu_new", num_hidden_layers=3,
+                         layer_types=["full_attention", "sliding_attention", "full_attention"])
+  config = hf_modernbert.config_from_hf(model.config.to_dict())
+  assert (config.global_attn_every_n_layers, config.norm_bias) == (2, True)
+  params = hf_modernbert.params_from_hf(model.state_dict(), config)
+  ids, mask = _padded_batch(config.vocab_size)
+  error = _max_error(_our_logits(config, params, ids, mask), _hf_logits(model, ids, mask), mask)
+  assert error <= TOLERANCE
+
+
+def test_mean_pooling_averages_each_example_rows():
+  rng = np.random.default_rng(0)
+  sequence = rng.normal(size=(2, 6, 3)).astype(np.float32)
+  segments = np.array([[1, 1, 1, 0, 0, 0], [1, 1, 2, 2, 2, 0]])
+  pooled = np.asarray(model_lib.pool(sequence, segments, None, "mean"))  # [B, H]
+  np.testing.assert_allclose(pooled, [sequence[0, :3].mean(0), sequence[1, :2].mean(0)],
+                             rtol=1e-6)
+  packed = np.asarray(model_lib.pool(sequence, segments, np.array([[0, 0], [0, 2]]), "mean"))
+  np.testing.assert_allclose(packed[1], [sequence[1, :2].mean(0), sequence[1, 2:5].mean(0)],
+                             rtol=1e-6)
+
+
+# ------------------------------------------------------------------ export and import
+
+
+def _state(directory: str) -> dict[str, np.ndarray]:
+  return safetensors.numpy.load_file(os.path.join(directory, "model.safetensors"))
+
+
+def test_export_loads_in_transformers_and_import_round_trips(reference, tmp_path):
+  model, _, config, params = reference
+  vocab = Vocab.load(ft._write_vocab(tmp_path / "vocab.txt", ft.FILLER))
+  pretrained = weights.save_pretrained(str(tmp_path / "pretrained"), params, config, vocab)
+  exported = str(tmp_path / "exported")
+  result = _run("convert.py", f"--from_bert_jax={pretrained}", f"--to_hf={exported}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  assert "ModernBertForMaskedLM" in result.stdout
+  config_json = json.load(open(os.path.join(exported, "config.json")))
+  assert config_json["model_type"] == "modernbert" and config_json["pad_token_id"] == vocab.pad_id
+  reloaded, loading = transformers.ModernBertForMaskedLM.from_pretrained(
+      exported, output_loading_info=True)
+  assert not any(loading.values()), loading  # No missing, unexpected or mismatched keys.
+  ids, mask = _padded_batch(config.vocab_size)
+  ours = _our_logits(config, params, ids, mask)
+  error = _max_error(_hf_logits(reloaded.eval(), ids, mask), ours, mask)
+  print(f"\nexport -> transformers: max abs MLM logit error {error:.2e}")
+  assert error <= TOLERANCE
+  assert reloaded.config.layer_types == model.config.layer_types
+
+  # --from_hf, then export again: the same params, the same state dict.
+  imported = str(tmp_path / "imported")
+  result = _run("convert.py", f"--from_hf={exported}", f"--output_dir={imported}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  config_back, params_back, vocab_back = weights.load_pretrained(imported)
+  assert config_back == config and vocab_back.size == vocab.size
+  flat, flat_back = params_lib.flatten(params), params_lib.flatten(params_back)
+  assert flat.keys() == flat_back.keys()
+  assert all(np.array_equal(flat[k], flat_back[k]) for k in flat)
+  again = str(tmp_path / "again")
+  weights.save_hf(again, params_back, config_back, vocab_back)
+  first, second = _state(exported), _state(again)
+  assert first.keys() == second.keys() and "decoder.weight" not in first
+  assert all(np.array_equal(first[k], second[k]) for k in first)
+  # HF's own save_pretrained writes what the import reads too.
+  model.save_pretrained(str(tmp_path / "hf_saved"))
+  shutil.copy(os.path.join(exported, "vocab.txt"), tmp_path / "hf_saved")
+  _, from_hf, _ = hf.load_hf(str(tmp_path / "hf_saved"))
+  assert all(np.array_equal(v, params_lib.flatten(from_hf)[k]) for k, v in flat.items())
+
+
+def test_an_encoder_without_mlm_head_exports_as_modernbert_model(reference, tmp_path):
+  _, _, config, params = reference
+  encoder = {"bert": params["bert"]}
+  assert weights.save_hf(str(tmp_path / "enc"), encoder, config, None) == "ModernBertModel"
+  reloaded, loading = transformers.ModernBertModel.from_pretrained(
+      str(tmp_path / "enc"), output_loading_info=True)
+  assert not any(loading.values()), loading
+  state = hf.read_weights(str(tmp_path / "enc"))[0]
+  back = hf_modernbert.params_from_hf(state, config)
+  assert weights.heads_present(back) == {"pooler": False, "mlm": False, "nsp": False}
+
+
+_UNREPRESENTABLE = [
+    ({"layer_types": ["full_attention", "sliding_attention", "full_attention",
+                      "sliding_attention"][::-1]}, "layer_types"),
+    ({"layer_types": ["full_attention", "sliding_attention", "full_attention",
+                      "full_attention"]}, "layer_types"),
+    ({"layer_types": ["full_attention"] * 3}, "layer_types"),
+    ({"rope_parameters": {"full_attention": {"rope_type": "linear", "factor": 2.0,
+                                             "rope_theta": 1e3}}},
+     r"rope_parameters\.full_attention\.rope_type"),
+    ({"tie_word_embeddings": False}, "tie_word_embeddings"),
+    ({"decoder_bias": False}, "decoder_bias"),
+    ({"head_dim": 32}, "head_dim"),
+    ({"local_attention": 7}, "local_attention"),
+    ({"hidden_activation": "silu"}, "hidden_activation"),
+    ({"classifier_activation": "relu"}, "classifier_activation"),
+    ({"classifier_pooling": "max"}, "classifier_pooling"),
+    ({"norm_bias": "no"}, "norm_bias"),
+    ({"num_hidden_layers": 0}, "num_hidden_layers"),
+    ({"norm_eps": "1e-5"}, "norm_eps"),
+    ({"layer_types": None, "global_attn_every_n_layers": 0}, "global_attn_every_n_layers"),
+]
+
+
+@pytest.mark.parametrize("change,field", _UNREPRESENTABLE,
+                         ids=[f"{i}-{next(iter(c))}" for i, (c, _) in enumerate(_UNREPRESENTABLE)])
+def test_unrepresentable_configs_are_refused_naming_the_field(reference, change, field):
+  hf_config = {**reference[1], **change}
+  with pytest.raises(ValueError, match=field):
+    hf_modernbert.config_from_hf(hf_config)
+
+
+def test_configs_without_layer_types_and_exports_hf_cannot_compute(reference, tmp_path):
+  # Configs from before layer_types: global_attn_every_n_layers and the θ fields.
+  legacy = {k: v for k, v in reference[1].items() if k not in ("layer_types", "rope_parameters")}
+  config = hf_modernbert.config_from_hf({**legacy, "global_attn_every_n_layers": 3,
+                                         "global_rope_theta": 1e3, "local_rope_theta": 1e2})
+  assert config == reference[2]
+  assert hf_modernbert.config_from_hf({**legacy, "global_attn_every_n_layers": 9}) == (
+      dataclasses.replace(reference[2], global_attn_every_n_layers=9, global_rope_theta=160000.0,
+                          local_rope_theta=10000.0))
+  # Neither BERT nor ModernBERT (rotary positions with BERT's MLP): refused naming the fields.
+  hybrid = dataclasses.replace(reference[2], mlp="dense")
+  with pytest.raises(ValueError, match=r"'mlp': 'dense'.*nor can ModernBERT"):
+    weights.save_hf(str(tmp_path / "out"), _random_params(hybrid), hybrid, None)
+  assert not os.path.exists(tmp_path / "out")
+
+
+def test_the_launcher_refuses_an_unrepresentable_config_in_one_line(reference, tmp_path):
+  source = tmp_path / "hf"
+  reference[0].save_pretrained(str(source))
+  ft._write_vocab(source / "vocab.txt", ["cat"])
+  config_json = json.load(open(source / "config.json"))
+  config_json["layer_types"][2] = "full_attention"
+  json.dump(config_json, open(source / "config.json", "w"))
+  with pytest.raises(ValueError, match=r"config\.json: layer_types puts global"):
+    weights.load_pretrained(str(source))
+  result = _run("convert.py", f"--from_hf={source}", f"--output_dir={tmp_path / 'out'}")
+  assert result.returncode == 1 and "Traceback" not in result.stderr
+  last = result.stderr.strip().splitlines()[-1]
+  assert last.startswith("error: ") and "layer_types" in last and "config.json" in last
+  assert not os.path.exists(tmp_path / "out")
+
+
+# --------------------------------------------------------------------------- tokenizers
+
+
+@pytest.fixture(scope="module")
+def sentencepiece_vocabs(tmp_path_factory):
+  """bert_jax-trained sentencepiece vocabularies (as prepare_data trains them: nmt_nfkc,
+  byte fallback), unigram and BPE, on lines of bert_jax's own sources."""
+  directory = tmp_path_factory.mktemp("spm")
+  lines = []
+  for name in ("model.py", "data/vocab.py", "data/corpus.py"):
+    with open(os.path.join(ROOT, "bert_jax", name), encoding="utf-8") as f:
+      lines += [line.strip() for line in f if line.strip()]
+  lines += SENTENCES * 3
+  return {kind: train_sentencepiece(iter(lines), str(directory / kind), 800, kind,
+                                    allow_smaller_vocab=True)
+          for kind in ("unigram", "bpe")}
+
+
+def _tiny_config(vocab: Vocab, modern: bool) -> BertConfig:
+  values = dict(vocab_size=vocab.size, hidden_size=16, num_hidden_layers=1,
+                num_attention_heads=2, intermediate_size=16, max_position_embeddings=64)
+  if modern:
+    values.update(type_vocab_size=0, position_embedding="rotary", mlp="glu",
+                  norm_placement="pre", attention_bias=False, mlp_bias=False, norm_bias=False,
+                  classifier_bias=False)
+  return BertConfig(**values)
+
+
+def _random_params(config: BertConfig, seed: int = 0) -> dict:
+  """Every parameter of `config` drawn from N(0, 0.1), norm scales about 1 (nothing compiled)."""
+  rng = np.random.default_rng(seed)
+  draw = lambda path, shape: (float(path[-1] == "scale") + rng.normal(0.0, 0.1, shape)).astype(
+      np.float32)
+  return params_lib.unflatten({path: draw(path, shape)
+                               for path, shape in param_shapes(config).items()})
+
+
+@pytest.mark.parametrize("kind,modern", [("unigram", True), ("bpe", True), ("unigram", False),
+                                         ("bpe", False), ("wordpiece", True)])
+def test_autotokenizer_of_an_export_gives_bert_jax_ids(sentencepiece_vocabs, tmp_path, kind,
+                                                       modern):
+  if kind == "wordpiece":
+    vocab = Vocab.load(ft._task_vocab(tmp_path))
+  else:
+    vocab = sentencepiece_vocabs[kind]
+    assert vocab.special_ids == (0, 1, 2, 3, 4)
+  config = _tiny_config(vocab, modern)
+  exported = str(tmp_path / "exported")
+  weights.save_hf(exported, _random_params(config), config, vocab)
+  tokenizer = transformers.AutoTokenizer.from_pretrained(exported, local_files_only=True)
+  names = ("pad", "unk", "cls", "sep", "mask")
+  assert [getattr(tokenizer, f"{n}_token_id") for n in names] == list(vocab.special_ids)
+  texts = SENTENCES + [" ".join(ft.FILLER), "Alice Smith paid 4096 red."]
+  for text in texts:
+    assert tokenizer(text, add_special_tokens=False)["input_ids"] == vocab.encode(text), text
+  for text_a, text_b in zip(texts, texts[1:]):
+    ours = encode_pair(vocab, text_a, text_b or None, max_length=200)
+    theirs = tokenizer(text_a, text_b or None)
+    length = int(ours["attention_mask"].sum())
+    assert theirs["input_ids"] == ours["input_ids"][:length].tolist(), (text_a, text_b)
+    assert ("token_type_ids" in theirs) is not modern  # ModernBERT's forward takes none.
+    if not modern:
+      assert theirs["token_type_ids"] == ours["token_type_ids"][:length].tolist()
+  # bert_jax reads the export's vocabulary back: the same pieces, the same ids.
+  back = hf.read_vocab(exported)
+  assert (back.kind, back.size, back.special_ids) == (vocab.kind, vocab.size, vocab.special_ids)
+  assert [back.id_to_piece(i) for i in range(back.size)] == [
+      vocab.id_to_piece(i) for i in range(vocab.size)]
+  assert all(back.encode(text) == vocab.encode(text) for text in texts)
+  # Known difference: a unigram text whose segmentations tie exactly (a run of one character)
+  # may come out as the same pieces in another order; the text is the same.
+  run = "# " + "-" * 79 + " end"
+  pieces = lambda ids: "".join(vocab.id_to_piece(i) for i in ids)
+  assert pieces(tokenizer(run, add_special_tokens=False)["input_ids"]) == pieces(
+      vocab.encode(run))
+
+
+def test_bert_export_with_a_sentencepiece_vocabulary_reads_back_by_from_hf(
+    sentencepiece_vocabs, tmp_path):
+  vocab = sentencepiece_vocabs["bpe"]
+  config = _tiny_config(vocab, modern=False)
+  params = _random_params(config)
+  exported = str(tmp_path / "exported")
+  assert weights.save_hf(exported, params, config, vocab) == "BertForPreTraining"
+  imported = str(tmp_path / "imported")
+  result = _run("convert.py", f"--from_hf={exported}", f"--output_dir={imported}")
+  assert result.returncode == 0, result.stderr[-3000:]
+  config_back, params_back, vocab_back = weights.load_pretrained(imported)
+  assert config_back == config and vocab_back.kind == "sentencepiece"
+  assert [vocab_back.id_to_piece(i) for i in range(vocab.size)] == [
+      vocab.id_to_piece(i) for i in range(vocab.size)]
+  flat = params_lib.flatten(params_back)
+  assert all(np.array_equal(v, flat[k]) for k, v in params_lib.flatten(params).items())
+
+
+# ----------------------------------------------------------- prediction and fine-tuning
+
+
+@pytest.fixture(scope="module")
+def modern_hf_dir(tmp_path_factory):
+  """A tiny modern encoder (3 layers: global, local, local; window 8) with the fine-tuning
+  tests' WordPiece vocabulary, exported as a HF ModernBERT directory."""
+  directory = tmp_path_factory.mktemp("modern")
+  vocab = Vocab.load(ft._task_vocab(directory))
+  config = dataclasses.replace(_tiny_config(vocab, modern=True), hidden_size=32,
+                               num_hidden_layers=3, num_attention_heads=4,
+                               intermediate_size=48, local_attention=8,
+                               global_attn_every_n_layers=3)
+  exported = str(directory / "hf")
+  weights.save_hf(exported, _random_params(config), config, vocab)
+  return exported
+
+
+def test_fill_mask_launcher_from_a_modern_encoder(modern_hf_dir):
+  result = _run("predict.py", "--mode=fill_mask", f"--checkpoint={modern_hf_dir}",
+                "--text=we saw [MASK] there today and then [MASK] went home", "--top_k=2")
+  assert result.returncode == 0, result.stderr[-3000:]
+  lines = result.stdout.strip().splitlines()
+  assert [line for line in lines if line.startswith("[MASK]")] == ["[MASK] 1:", "[MASK] 2:"]
+  assert len(lines) == 6 and not any("[" in line for line in lines[1:3] + lines[4:])
+
+
+_TASKS = {
+    "classification-cls": (finetune_classification, ft._keyword_rows, "cls"),
+    "classification-mean": (finetune_classification, ft._keyword_rows, "mean"),
+    "tagging": (finetune_tagging, ft._tagging_rows, "cls"),
+    "qa": (finetune_qa, lambda n, rng: ft._qa_rows(n, rng, max_filler=14), "cls"),
+}
+
+
+@pytest.mark.parametrize("name", list(_TASKS))
+def test_each_task_fine_tunes_and_predicts_from_a_modern_encoder(modern_hf_dir, tmp_path,
+                                                                  name):
+  module, rows, pooling = _TASKS[name]
+  config = ft.finetune_config(module, tmp_path, rows, 2, init_from=modern_hf_dir,
+                              model={"classifier_pooling": pooling, "remat": "none",
+                                     "hidden_dropout_prob": 0.0,
+                                     "attention_probs_dropout_prob": 0.0},
+                              seq_len=32, n_train=16, n_validation=8)
+  config.train.update(batch_size=8, eval_batch_size=8, eval_every_steps=2, log_every_steps=2)
+  result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
+  assert result["final"] and all(np.isfinite(v) for v in result["final"].values()
+                                 if isinstance(v, float))
+  finetuned = predict.load_finetuned(str(tmp_path / "run"))
+  assert finetuned.meta["init_from"] == modern_hf_dir
+  assert finetuned.task.model_config.classifier_pooling == pooling
+  assert finetuned.task.model_config.local_attention == 8
+  (record,) = rows(1, random.Random(5))
+  (prediction,) = predict.predict(finetuned, [{k: v for k, v in record.items()
+                                               if k in ("text", "text_b")}], batch_size=8)
+  assert set(prediction) & {"label", "tags", "answer"}, prediction
