@@ -9,13 +9,15 @@ import random
 import signal
 import subprocess
 import sys
+import time
 
 import jax
 import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import evaluation, finetune, predict, programs, sharding, tasks, train, weights
+from bert_jax import evaluation, finetune, model as model_lib, predict, programs, sharding, tasks
+from bert_jax import train, weights
 from bert_jax.data import finetune as finetune_data
 from bert_jax.weights import layout
 from bert_jax.model import BertConfig
@@ -868,11 +870,46 @@ def test_finetuning_refuses_other_labels_and_stops_on_a_read_only_best_export(tm
   best = os.path.join(fresh, "best")
   if not _bind_read_only(best):
     pytest.fail("this test needs `mount --bind` (root), as the CI machine has")
-  try:
+  try:  # The launcher, as an operator meets it: one line, exit 1, within seconds of the export.
     second = _keyword_config(tmp_path / "second", steps=4)
     second.train.eval_every_steps = 2
-    with pytest.raises(OSError, match=f"Could not write the best params \\(step 2\\) in {best}: "
-                       "Read-only file system"):
-      finetune.finetune_and_evaluate(second, fresh)
+    process = subprocess.Popen(
+        [sys.executable, os.path.join(ROOT, "launch", "finetune.py"),
+         "--config=configs/finetune_classification.py", f"--workdir={fresh}",
+         *_config_flags(second)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+                            JAX_PLATFORMS="cpu"))
+    output = ""
+    for line in process.stdout:  # The export of step 2 follows its evaluation.
+      output += line
+      if "step 2/4" in line:
+        break
+    at_export = time.time()
+    rest, errors = process.communicate(timeout=120)
+    after_export = time.time() - at_export
   finally:
     subprocess.run(["umount", "-l", best], check=False)
+  assert process.returncode == 1, output + rest + errors
+  assert after_export < 30, after_export
+  lines = [l for l in errors.splitlines() if l.strip()]
+  assert lines[-1].startswith(f"error: Could not write the best params (step 2) in {best}: "
+                              "Read-only file system"), errors[-2000:]
+  assert "Traceback" not in output + rest + errors
+
+
+def test_a_pretrained_encoder_takes_the_run_fields_of_config_model(tmp_path):
+  """The checkpoint fixes shape and architecture; every run field (dtypes, dropout, kernels,
+  remat, padding, pooling) comes from this run's config.model."""
+  from tests.test_convert_predict_guards import TINY, _hf_dir  # pylint: disable=import-outside-toplevel
+  config = finetune_classification.get_config()
+  config.init_from = _hf_dir(tmp_path)
+  run_fields = {"dtype": "bfloat16", "hidden_dropout_prob": 0.0,
+                "attention_probs_dropout_prob": 0.3, "attention_impl": "einsum", "remat": "full",
+                "vocab_pad_multiple": 8, "dropout_rng": "threefry", "classifier_pooling": "mean"}
+  config.model.update(**run_fields, hidden_size=999, num_hidden_layers=7)  # Shape: ignored.
+  assert set(run_fields) | {"param_dtype", "initializer_range"} == set(
+      BertConfig.fields_of(model_lib.RUN))
+  encoder = finetune.load_encoder(config)
+  assert {name: getattr(encoder.config, name) for name in run_fields} == run_fields
+  assert (encoder.config.hidden_size, encoder.config.num_hidden_layers) == (
+      TINY.hidden_size, TINY.num_hidden_layers)

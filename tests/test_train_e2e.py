@@ -11,6 +11,7 @@ import subprocess
 import sys
 import time
 
+import numpy as np
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -419,13 +420,15 @@ def test_checkpoint_links_out_of_the_workdir_are_refused(prepared, tmp_path):
 
 def test_unrecorded_damaged_checkpoint_falls_back_without_a_traceback(prepared, tmp_path):
   """Killed between orbax's commit and the verification record, then damaged: restoring fails,
-  so it is set aside like any damaged checkpoint and the previous one resumed."""
+  so it is set aside like any damaged checkpoint and the previous one resumed; that one has no
+  record either, but is intact, so it is used (trusted on orbax's commit marker)."""
   reference = _train_losses(prepared[0])
   workdir = str(tmp_path / "run")
   shutil.copytree(prepared[0], workdir)
   *older, newest = _checkpoint_steps(workdir)
   newest_dir = os.path.join(workdir, "checkpoints", str(newest))
   os.remove(os.path.join(newest_dir, "bert_jax_manifest.json"))
+  os.remove(os.path.join(workdir, "checkpoints", str(older[-1]), "bert_jax_manifest.json"))
   _garble(newest_dir)
   total = max(reference)
   result = _launch(workdir, f"--config.train.num_train_steps={total}")
@@ -441,6 +444,24 @@ def test_unrecorded_damaged_checkpoint_falls_back_without_a_traceback(prepared, 
 def _launcher(script, *args, timeout=120):
   return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], cwd=ROOT,
                         env=_env(devices=8), capture_output=True, text=True, timeout=timeout)
+
+
+def _foreign_inputs(tmp_path) -> dict[str, str]:
+  """Inputs from elsewhere that are broken: a HF directory whose config.json has a null size, a
+  TF checkpoint whose index claims a 100000 x 100000 tensor, a 5 MB corpus on one line."""
+  from tests import test_convert_predict_guards as guards  # pylint: disable=import-outside-toplevel
+  from tests import test_data_guards, tf_bundle_writer  # pylint: disable=import-outside-toplevel
+  null_config = guards._hf_dir(tmp_path, "null_config")  # pylint: disable=protected-access
+  config_file = os.path.join(null_config, "config.json")
+  values = json.load(open(config_file))
+  json.dump({**values, "vocab_size": None}, open(config_file, "w"))
+  absurd = guards._tf_dir(str(tmp_path / "absurd_tf"))  # pylint: disable=protected-access
+  tf_bundle_writer.write_bundle(
+      absurd, {"bert/embeddings/word_embeddings": np.ones((4, 2), np.float32)},
+      tamper={"bert/embeddings/word_embeddings": {"shape": (100_000, 100_000)}})
+  one_line = tmp_path / "one_line.txt"
+  one_line.write_text(test_data_guards._long_line(5_000_000) + "\n")  # pylint: disable=protected-access
+  return {"null_config": null_config, "absurd_tf": absurd, "one_line": str(one_line)}
 
 
 def test_every_bad_input_is_one_line_before_any_compile(prepared, tmp_path):
@@ -459,6 +480,7 @@ def test_every_bad_input_is_one_line_before_any_compile(prepared, tmp_path):
   shard = sorted(glob.glob(os.path.join(truncated, "**", "*train.array_record*"),
                            recursive=True))[0]
   os.truncate(shard, os.path.getsize(shard) // 2)
+  foreign = _foreign_inputs(tmp_path)
   small_data = ["--config.data.source=prepared", f"--config.data.dataset_dir={no_validation}",
                 f"--config.model.vocab_size={vocab.size}", "--config.data.max_seq_length=32"]
   workdir = str(tmp_path / "never_written")
@@ -498,6 +520,13 @@ def test_every_bad_input_is_one_line_before_any_compile(prepared, tmp_path):
        "--top_k=-3", 2, "top_k"),
       ("convert.py", f"--from_bert_jax={prepared[0]}", f"--to_hf={prepared[0]}/export",
        "--overwrite", 1, "lies inside"),
+      ("convert.py", f"--from_hf={foreign['null_config']}", f"--output_dir={tmp_path}/out_hf",
+       1, "config.json: vocab_size is null"),
+      ("convert.py", f"--from_tf={foreign['absurd_tf']}", f"--output_dir={tmp_path}/out_tf", 1,
+       "for shape (100000, 100000)"),
+      ("prepare_data.py", f"--input={foreign['one_line']}", "--input_format=bert",
+       f"--output_dir={tmp_path}/one_line_data", "--vocab_size=300", "--max_seq_length=32",
+       "--validation_fraction=0", 1, "no training examples"),
   ]
 
   def run(case):
