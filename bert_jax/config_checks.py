@@ -167,6 +167,23 @@ def axis_rules() -> Check:
   return check
 
 
+def token_types() -> Check:
+  def check(value: Any) -> str | None:
+    if _is_int(value) and (value == 0 or value >= 2):
+      return None
+    return "must be 0 (no token types) or an integer >= 2 (token types 0 (A) and 1 (B))"
+  return check
+
+
+def even_window() -> Check:
+  """model.local_attention: 0 or an even width (a token sees width / 2 rows each way)."""
+  def check(value: Any) -> str | None:
+    if _is_int(value) and value >= 0 and value % 2 == 0:
+      return None
+    return "must be 0 (every layer global) or an even integer >= 2 (the window's width)"
+  return check
+
+
 def label_names() -> Check:
   """Distinct label names (str or int; 1 and "1" are one label: finetune_data.label_name)."""
   def check(value: Any) -> str | None:
@@ -196,8 +213,8 @@ def _model_rules(vocab_size: Check) -> dict[str, Check]:
       "model.hidden_dropout_prob": probability(),
       "model.attention_probs_dropout_prob": probability(),
       "model.max_position_embeddings": integer(1),
-      # Token type 1 marks segment B (pairs, QA passages); a smaller table is read out of range.
-      "model.type_vocab_size": integer(2, "token types 0 (A) and 1 (B)"),
+      # Token type 1 marks segment B (pairs, QA passages); a table of 1 is read out of range.
+      "model.type_vocab_size": token_types(),
       # 0 would start every weight at 0: no symmetry to break, nothing learns.
       "model.initializer_range": number(0.0, low_open=True),
       "model.layer_norm_eps": number(0.0, low_open=True),
@@ -210,6 +227,15 @@ def _model_rules(vocab_size: Check) -> dict[str, Check]:
       "model.mlp": one_of(model.MLP_BLOCKS),
       "model.norm_placement": one_of(model.NORM_PLACEMENTS),
       "model.remat": one_of(model.REMAT_POLICIES),
+      "model.attention_bias": boolean(),
+      "model.mlp_bias": boolean(),
+      "model.norm_bias": boolean(),
+      "model.classifier_bias": boolean(),
+      "model.global_rope_theta": number(0.0, low_open=True),
+      "model.local_rope_theta": number(0.0, low_open=True),
+      "model.local_attention": even_window(),
+      "model.global_attn_every_n_layers": integer(1, "1: every layer global"),
+      "model.classifier_pooling": one_of(model.POOLINGS),
   }
 
 
@@ -218,6 +244,8 @@ _TRAIN_RULES: dict[str, Check] = {
     "train.num_train_steps": integer(1),
     "train.optimizer": one_of(optimizer.OPTIMIZERS),
     "train.schedule": one_of(optimizer.SCHEDULES),
+    "train.decay_fraction": number(0.0, 1.0, meaning="0: no decay"),
+    "train.decay_shape": one_of(optimizer.DECAY_SHAPES),
     "train.learning_rate": number(0.0, low_open=True),
     "train.warmup_steps": integer(0, "0: no warmup"),
     "train.weight_decay": number(0.0),
@@ -269,6 +297,8 @@ PRETRAINING_RULES: dict[str, Check] = {
     "data.objective": one_of(packing.OBJECTIVES),
     "data.max_examples_per_row": integer(1, "1: one example per row, unpacked"),
     "data.short_seq_prob": probability(),
+    "data.span_warmup_steps": integer(0, "0: no example-length warmup"),
+    "data.span_warmup_start": integer(1),
     "data.dupe_factor": integer(1),
     "data.validation_fraction": number(0.0, 1.0, high_open=True),
     "data.vocab_model_type": one_of(VOCAB_MODEL_TYPES),
@@ -277,6 +307,7 @@ PRETRAINING_RULES: dict[str, Check] = {
     "data.num_workers": integer(0, "0: read in the main process"),
     "data.prefetch": integer(0, "0: no batch ahead"),
     "masking.mask_prob": number(0.0, 1.0, low_open=True),
+    "masking.eval_mask_prob": number(0.0, 1.0, meaning="0: mask_prob"),
     "masking.max_predictions_per_seq": integer(1),
     "masking.mask_token_prob": probability(),
     "masking.random_token_prob": probability(),
@@ -358,13 +389,47 @@ def _length_fits_positions(config) -> str | None:
 
 
 def _predictions_cover_a_row(config) -> str | None:
-  # Targets are mask_prob of a row's eligible tokens: the P slots must hold those of a full row.
+  # Targets are mask_prob of a row's eligible tokens: the P slots must hold those of a full row,
+  # in training and at the evaluation rate.
   masking, length = config.masking, config.data.max_seq_length
-  needed = round(masking.mask_prob * length)
+  name, rate = max((("mask_prob", masking.mask_prob), ("eval_mask_prob", masking.eval_mask_prob)),
+                   key=lambda pair: pair[1])
+  needed = round(rate * length)
   if masking.max_predictions_per_seq < needed:
     return (f"config.masking.max_predictions_per_seq={masking.max_predictions_per_seq} cannot "
-            f"hold the {needed} targets of a full row (mask_prob {masking.mask_prob} x "
-            f"max_seq_length {length}); set it to at least {needed}")
+            f"hold the {needed} targets of a full row ({name} {rate} x max_seq_length "
+            f"{length}); set it to at least {needed}")
+  return None
+
+
+def _local_layers_have_a_pattern(config) -> str | None:
+  m = config.model
+  if m.local_attention and m.global_attn_every_n_layers < 2:
+    return (f"config.model.local_attention={m.local_attention} needs "
+            f"config.model.global_attn_every_n_layers >= 2 (it is "
+            f"{m.global_attn_every_n_layers}: every layer would be global; ModernBERT: 3)")
+  return None
+
+
+def _window_fits_a_row(config) -> str | None:
+  window, length = config.model.local_attention, config.data.max_seq_length
+  if window > length:
+    return (f"config.model.local_attention={window} is wider than a row "
+            f"(config.data.max_seq_length={length}): every layer would be global; use 0 or a "
+            "smaller window")
+  return None
+
+
+def _span_warmup_is_mlm(config) -> str | None:
+  data = config.data
+  if not data.span_warmup_steps:
+    return None
+  if data.objective != "mlm":
+    return (f"config.data.span_warmup_steps={data.span_warmup_steps} cuts MLM-only rows into "
+            f"spans: it needs config.data.objective='mlm' (it is {data.objective!r})")
+  if data.span_warmup_start > data.max_seq_length:
+    return (f"config.data.span_warmup_start={data.span_warmup_start} exceeds "
+            f"config.data.max_seq_length={data.max_seq_length}")
   return None
 
 
@@ -430,10 +495,12 @@ def _one_training_source(config) -> str | None:
 PRETRAINING_RELATIONS: tuple[Relation, ...] = (
     _heads_divide_width, _length_fits_positions, _predictions_cover_a_row,
     _replacements_sum_to_at_most_one, _microbatches_divide_batch, _one_inferred_mesh_axis,
-    _prepared_needs_dataset_dir, _builtin_needs_validation)
+    _prepared_needs_dataset_dir, _builtin_needs_validation, _local_layers_have_a_pattern,
+    _window_fits_a_row, _span_warmup_is_mlm)
 
 FINETUNING_RELATIONS: tuple[Relation, ...] = (
-    _heads_divide_width, _scratch_length_fits_positions, _microbatches_divide_batch,
+    _heads_divide_width, _local_layers_have_a_pattern, _scratch_length_fits_positions,
+    _microbatches_divide_batch,
     _one_inferred_mesh_axis, _scratch_needs_vocab, _regression_is_classification,
     _one_training_source)
 

@@ -17,7 +17,8 @@ from bert_jax.tasks.base import Task
 
 # The config.train fields the compiled step depends on (with the task, mesh and rules).
 STEP_FIELDS = ("optimizer", "schedule", "learning_rate", "warmup_steps", "num_train_steps",
-               "weight_decay", "b1", "b2", "eps", "max_grad_norm", "grad_accum_steps")
+               "decay_fraction", "decay_shape", "weight_decay", "b1", "b2", "eps",
+               "max_grad_norm", "grad_accum_steps")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -49,7 +49,7 @@ def train_step(state: TrainState, batch: dict, rng, *, task: Task,
   """
   rng = jax.random.fold_in(rng, state.step)
   prepare_rng, dropout_rng = jax.random.split(rng)
-  batch = task.prepare(batch, prepare_rng)
+  batch = task.prepare(batch, prepare_rng, state.step)
   counts = task.loss_counts(batch)
 
   def loss_fn(params, micro, micro_rng):
@@ -84,6 +84,6 @@ def train_step(state: TrainState, batch: dict, rng, *, task: Task,
 def eval_step(params, batch: dict, rng, *, task: Task) -> tuple[dict, dict]:
   """(per-row outputs, sums) of one eval batch, deterministic; padding rows weigh 0 through
   `example_weight`, which is passed through with the outputs."""
-  batch = task.prepare(batch, rng)
+  batch = task.prepare_eval(batch, rng)
   outputs, sums = task.eval_outputs(params, batch)
   return {**outputs, "example_weight": batch["example_weight"]}, sums

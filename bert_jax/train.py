@@ -81,8 +81,12 @@ def pretraining_task(config, model_config: BertConfig, meta: dict | None) -> Pre
   masking = MaskingConfig.from_config(
       config.masking, vocab_size=model_config.vocab_size, mask_token_id=ids["mask_id"],
       special_token_ids=tuple(special_ids), unk_token_id=ids["unk_id"])
-  return PretrainingTask(model_config, masking, config.data.max_seq_length,
-                         examples_per_row(config))
+  eval_rate = config.masking.eval_mask_prob or config.masking.mask_prob
+  return PretrainingTask(
+      model_config, masking, config.data.max_seq_length, examples_per_row(config),
+      eval_masking=dataclasses.replace(masking, mask_prob=eval_rate),
+      span_warmup_steps=config.data.span_warmup_steps,
+      span_warmup_start=config.data.span_warmup_start)
 
 
 def _builtin_root(config, workdir: str) -> str:

@@ -31,7 +31,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.hidden_dropout_prob = 0.1  # Dropout on embeddings and residual branches.
   config.model.attention_probs_dropout_prob = 0.1  # Dropout on attention probabilities.
   config.model.max_position_embeddings = 512  # Rows of the learned position table.
-  config.model.type_vocab_size = 2  # Segment ids (0 for A, 1 for B).
+  config.model.type_vocab_size = 2  # Segment ids (0 for A, 1 for B); 0: none (ModernBERT).
   config.model.initializer_range = 0.02  # Std of the truncated-normal initializer.
   config.model.layer_norm_eps = 1e-12  # LayerNorm epsilon, as in the original BERT.
   # The blocks, by name (bert_jax/model.py's registries): "learned" absolute positions added to
@@ -39,6 +39,22 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.position_embedding = "learned"
   config.model.mlp = "dense"
   config.model.norm_placement = "post"
+  # The modern encoder's options (configs/modern_*.py; names as HF's ModernBertConfig): "rotary"
+  # positions, a "glu" (GeGLU) MLP, "pre"-LN layers with a final norm, and:
+  config.model.attention_bias = True  # Biases of the q/k/v and output projections.
+  config.model.mlp_bias = True  # Biases of the MLP's matmuls.
+  config.model.norm_bias = True  # The shift of every LayerNorm.
+  config.model.classifier_bias = True  # Bias of the MLM head's dense transform.
+  config.model.global_rope_theta = 160_000.0  # "rotary": θ of the global layers.
+  config.model.local_rope_theta = 10_000.0  # "rotary": θ of the local layers.
+  # Local layers attend within a sliding window this many tokens wide (a token sees the tokens
+  # at most local_attention / 2 rows away, in its own packed example); 0: every layer global.
+  config.model.local_attention = 0
+  # With local_attention: layers 0, n, 2n, ... stay global, the others are local (ModernBERT: 3).
+  config.model.global_attn_every_n_layers = 1
+  # What a fine-tuning head (and NSP) reads of each example: its [CLS] vector ("cls", BERT) or
+  # the mean of its tokens ("mean").
+  config.model.classifier_pooling = "cls"
   # What the backward pass recomputes per layer: "none" (keep all activations), "dots" (keep
   # the weight matmuls' outputs, recompute the rest: BERT-Base L=128 B=32 takes 3.6 GiB per
   # device instead of 7.1, and its CPU step is 6% faster than with "none") or "full" (recompute
@@ -70,6 +86,11 @@ def get_config() -> ml_collections.ConfigDict:
   # with the K it was prepared with. Ignored by objective "mlm" (a row is one sequence, K = 1).
   # About max_seq_length / 32 fills rows >= 98% on the built-in corpus (4 at 128, 16 at 512).
   config.data.max_examples_per_row = 4
+  # Example-length warmup, objective "mlm": each row is cut into spans (attention and positions
+  # within a span) of span_warmup_start tokens at step 0, growing linearly to the full row at
+  # step span_warmup_steps (0: off). Short examples leave the early plateau sooner.
+  config.data.span_warmup_steps = 0
+  config.data.span_warmup_start = 64  # Span length at step 0 (tokens).
   config.data.short_seq_prob = 0.1  # Fraction of examples with a random shorter target length.
   config.data.dupe_factor = 5  # Passes over the corpus, each with its own seed (as the original).
   config.data.validation_fraction = 0.01  # Documents held out for the validation split.
@@ -85,6 +106,9 @@ def get_config() -> ml_collections.ConfigDict:
   # ---------------------------------------------------------------- masking
   config.masking = ml_collections.ConfigDict()
   config.masking.mask_prob = 0.15  # Fraction of eligible positions selected as MLM targets.
+  # The rate held-out evaluation masks at (ModernBERT trains at 0.3, evaluates at 0.15); 0: the
+  # training rate, mask_prob.
+  config.masking.eval_mask_prob = 0.0
   # P: static number of target slots per row. Targets are 15% of a row's eligible tokens, so P
   # must cover a full row: P >= round(mask_prob * max_seq_length) (checked; 20 for 128).
   config.masking.max_predictions_per_seq = 20
@@ -98,12 +122,18 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.batch_size = 256  # Global batch size (sequences per optimizer step).
   config.train.num_train_steps = 1_000_000  # Optimizer steps.
   # "bert_adamw": google-research/bert's AdamWeightDecayOptimizer (no bias correction, eps
-  # outside the sqrt, decoupled decay); "adamw": optax's bias-corrected AdamW; "lamb".
+  # outside the sqrt, decoupled decay); "adamw": optax's bias-corrected AdamW; "lamb";
+  # "stable_adamw": ModernBERT's StableAdamW (AdamW with its step clipped per tensor).
   config.train.optimizer = "bert_adamw"
   # "bert": the original's lr = peak * (1 - t/T) over all T steps, replaced by peak * t/W during
   # warmup (0.9 * peak right after a 10% warmup); "warmup_linear": warmup, then peak -> 0 over
   # the T - W steps after it.
+  # "wsd": warmup, a stable phase at the peak, then a decay to 0 over the last decay_fraction of
+  # the steps (ModernBERT); a run decays from any stable-phase checkpoint by resuming it with a
+  # larger num_train_steps whose decay phase starts after that step.
   config.train.schedule = "bert"
+  config.train.decay_fraction = 0.1  # "wsd": fraction of num_train_steps spent decaying.
+  config.train.decay_shape = "1-sqrt"  # "wsd": "1-sqrt" (peak x (1 - sqrt(t)), t 0 -> 1), "linear".
   config.train.learning_rate = 1e-4  # Peak learning rate.
   config.train.warmup_steps = 10_000  # Steps W of linear warmup from 0.
   config.train.weight_decay = 0.01  # Decoupled weight decay; not on LayerNorm or biases.

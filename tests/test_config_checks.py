@@ -115,6 +115,12 @@ _SHARED_BAD = [
     ("model.vocab_pad_multiple", 0), ("model.dropout_rng", "philox"),
     ("model.position_embedding", "sinusoidal"), ("model.mlp", "moe"),
     ("model.norm_placement", "sandwich"), ("model.remat", "offload"),
+    ("model.attention_bias", None), ("model.mlp_bias", None), ("model.norm_bias", None),
+    ("model.classifier_bias", None), ("model.global_rope_theta", 0.0),
+    ("model.local_rope_theta", -1.0), ("model.local_attention", 7),
+    ("model.local_attention", -2), ("model.global_attn_every_n_layers", 0),
+    ("model.classifier_pooling", "max"), ("model.type_vocab_size", -1),
+    ("train.decay_fraction", 1.5), ("train.decay_shape", "cosine"),
     ("train.batch_size", True), ("train.batch_size", 0), ("train.num_train_steps", 0),
     ("train.optimizer", "sgd"), ("train.schedule", "cosine"), ("train.learning_rate", -1),
     ("train.learning_rate", 0.0), ("train.learning_rate", math.nan),
@@ -140,7 +146,9 @@ PRETRAINING_BAD = _SHARED_BAD + [
     ("data.builtin_cache_dir", None), ("data.num_workers", -1), ("data.prefetch", -1),
     ("masking.mask_prob", 0.0), ("masking.max_predictions_per_seq", 0),
     ("masking.mask_token_prob", 1.2), ("masking.random_token_prob", -0.1),
-    ("masking.whole_word_masking", None), ("train.eval_max_batches", -1),
+    ("masking.whole_word_masking", None), ("masking.eval_mask_prob", 1.5),
+    ("data.span_warmup_steps", -1), ("data.span_warmup_start", 0),
+    ("train.eval_max_batches", -1),
     ("init_from", None),
 ]
 FINETUNING_BAD = _SHARED_BAD + [

@@ -498,10 +498,6 @@ def test_stable_adamw_with_wsd_passes_the_config_checks_and_trains(monkeypatch):
   assert (flag_values.config.train.optimizer, flag_values.config.train.schedule) == (
       "stable_adamw", "wsd")
   config_checks.check_pretraining(flag_values.config)
-  # The compiled step is built from programs.STEP_FIELDS, which must carry the schedule's
-  # fields (test_compiled_step_fields_carry_the_wsd_fields): here they are added if missing.
-  monkeypatch.setattr(programs, "STEP_FIELDS",
-                      tuple(dict.fromkeys(programs.STEP_FIELDS + WSD_FIELDS)))
   config = _config(data=2, fsdp=2, tensor=2)
   config.train.optimizer, config.train.schedule = "stable_adamw", "wsd"
   config.train.decay_fraction, config.train.max_grad_norm = 0.5, 0.0
@@ -520,8 +516,7 @@ def test_stable_adamw_with_wsd_passes_the_config_checks_and_trains(monkeypatch):
   assert np.abs(np.asarray(state.params["mlm"]["bias"])).max() > 1e-5  # Real updates.
 
 
-@pytest.mark.xfail(strict=True, reason="bert_jax/programs.py's STEP_FIELDS lacks decay_fraction "
-                   "and decay_shape, so a run with schedule 'wsd' cannot build its step; remove "
-                   "this mark when they are added")
 def test_compiled_step_fields_carry_the_wsd_fields():
+  """The compiled step is built from programs.STEP_FIELDS only: the schedule's fields must be
+  among them."""
   assert set(WSD_FIELDS) <= set(programs.STEP_FIELDS)

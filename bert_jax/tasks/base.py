@@ -56,8 +56,14 @@ class Task:
     raise NotImplementedError
 
   # ------------------------------------------------------------ inside the jitted step
-  def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
-    """The batch as the loss sees it (random corruption happens here); identity by default."""
+  def prepare(self, batch: Batch, rng: jax.Array, step: jax.Array) -> Batch:
+    """The train batch as the loss sees it at optimizer step `step` (int32 scalar; random
+    corruption happens here, and anything that changes over training); identity by default."""
+    del rng, step
+    return batch
+
+  def prepare_eval(self, batch: Batch, rng: jax.Array) -> Batch:
+    """The eval batch as the model sees it (a fixed `rng`); identity by default."""
     del rng
     return batch
 

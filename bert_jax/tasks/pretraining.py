@@ -1,7 +1,13 @@
 """BERT's pretraining task: masked LM (masking inside the jitted step) + next sentence
 prediction, on `BertForPreTraining`, over rows that pack up to K examples (K = 1: unpacked).
 Batch fields: WORKSPACE.md, "Batch". The MLM-only objective is the same task with every
-`nsp_weights` 0 (the NSP loss and its count are then 0)."""
+`nsp_weights` 0 (the NSP loss and its count are then 0).
+
+Two options of the modern recipe live here: evaluation may mask at another rate than training
+(`eval_masking`: ModernBERT trains at 30% and evaluates at 15%), and MLM-only rows may be cut
+into spans early in training (example-length warmup, `cut_into_spans`): each span attends only
+within itself and its positions restart at 0, as a packed row of short examples would, with no
+padding; the span length grows with the step, so a resumed run cuts exactly as the first did."""
 
 import dataclasses
 from typing import Any
@@ -24,6 +30,11 @@ class PretrainingTask(Task):
   masking: MaskingConfig
   seq_len: int
   examples_per_row: int  # K: packed examples per row (1: unpacked).
+  eval_masking: MaskingConfig | None = None  # Held-out evaluation's policy (None: `masking`).
+  # Example-length warmup (MLM-only rows): spans of span_warmup_start tokens at step 0, growing
+  # linearly to whole rows at step span_warmup_steps (0: off).
+  span_warmup_steps: int = 0
+  span_warmup_start: int = 0
 
   name = "pretraining"
   loss_terms = (("mlm_loss_sum", "mlm_count"), ("nsp_loss_sum", "nsp_count"))
@@ -44,10 +55,17 @@ class PretrainingTask(Task):
             "next_sentence_label": slots,
             "nsp_weights": ((self.examples_per_row,), jnp.float32)}
 
-  def prepare(self, batch: Batch, rng: jax.Array) -> Batch:
-    """Masks the batch: adds masked_lm_{positions,ids,weights}, corrupts input_ids."""
-    word_starts = batch["word_starts"] if self.masking.whole_word_masking else None
-    return {**batch, **mask_tokens(rng, batch["input_ids"], self.masking, word_starts)}
+  def prepare(self, batch: Batch, rng: jax.Array, step: jax.Array) -> Batch:
+    """Cuts rows into spans while the example-length warmup lasts, then masks the batch: adds
+    masked_lm_{positions,ids,weights}, corrupts input_ids."""
+    if self.span_warmup_steps:
+      batch = cut_into_spans(batch, span_length(step, self.span_warmup_start,
+                                                self.span_warmup_steps, self.seq_len))
+    return _masked(batch, rng, self.masking)
+
+  def prepare_eval(self, batch: Batch, rng: jax.Array) -> Batch:
+    """Masks whole rows at the evaluation rate."""
+    return _masked(batch, rng, self.eval_masking or self.masking)
 
   def loss_counts(self, batch: Batch) -> dict[str, jax.Array]:
     return {"mlm_count": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
@@ -81,8 +99,34 @@ class PretrainingTask(Task):
 
   def meta(self) -> dict[str, Any]:
     return {"name": self.name, "masking": dataclasses.asdict(self.masking),
-            "seq_len": self.seq_len, "examples_per_row": self.examples_per_row}
+            "eval_masking": dataclasses.asdict(self.eval_masking or self.masking),
+            "seq_len": self.seq_len, "examples_per_row": self.examples_per_row,
+            "span_warmup": [self.span_warmup_steps, self.span_warmup_start]}
 
   def flops_per_example(self) -> float:
     return flops.train_flops_per_sequence(self.model_config, self.seq_len,
                                           self.masking.max_predictions_per_seq)
+
+
+def _masked(batch: Batch, rng: jax.Array, masking: MaskingConfig) -> Batch:
+  word_starts = batch["word_starts"] if masking.whole_word_masking else None
+  return {**batch, **mask_tokens(rng, batch["input_ids"], masking, word_starts)}
+
+
+def span_length(step: jax.Array, start: int, warmup_steps: int, seq_len: int) -> jax.Array:
+  """int32 scalar: the example-length warmup's span at optimizer step `step` (0-based),
+  `start` at step 0 growing linearly to `seq_len` at `warmup_steps` and after."""
+  progress = jnp.minimum(jnp.asarray(step, jnp.float32) / warmup_steps, 1.0)
+  return jnp.floor(start + (seq_len - start) * progress).astype(jnp.int32)
+
+
+def cut_into_spans(batch: Batch, length: jax.Array) -> Batch:
+  """One-sequence rows (objective "mlm") -> rows of consecutive spans of `length` tokens (the
+  last may be shorter): segment_ids 1, 2, ... per span (padding stays 0) and position_ids
+  restarting at 0 in each, so attention and positions stay within a span. Tokens, types and
+  the slot fields are unchanged. length >= L leaves the rows as they were."""
+  rows = jnp.arange(batch["segment_ids"].shape[1], dtype=jnp.int32)[None]  # [1, L]
+  real = batch["segment_ids"] > 0  # [B, L]
+  return {**batch,
+          "segment_ids": jnp.where(real, rows // length + 1, 0).astype(batch["segment_ids"].dtype),
+          "position_ids": jnp.where(real, rows % length, 0).astype(batch["position_ids"].dtype)}
