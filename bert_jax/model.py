@@ -15,8 +15,10 @@ The modern encoder (ModernBERT: `configs/modern_*.py`) is "rotary" (θ per layer
 (GeGLU), "pre" (pre-LN with a final norm, none before layer 0's attention), no biases but the
 decoder's, and local attention (`local_attention` tokens wide) with a global layer every
 `global_attn_every_n_layers`; field names follow HF's ModernBertConfig where it has them.
-The encoder runs its S identical layers under `nn.scan` (compile time does not grow with depth)
-with a remat policy (`remat`); their params are stacked, [S, ...] under `bert/encoder/layers`.
+The encoder runs its S layers in one `jax.lax.scan` over repeats of the layer pattern (one layer
+for BERT; one global and n - 1 local ones for ModernBERT), so compile time does not grow with
+depth and each layer's kind is static, with a remat policy (`remat`); their params are stacked,
+[S, ...] under `bert/encoder/layers`.
 
 Packed rows: several [CLS] A [SEP] B [SEP] examples share a row; `segment_ids` keep attention
 inside each example, `position_ids` restart at 0 in each, and the pooler and NSP head read each
@@ -156,7 +158,7 @@ class BertConfig:
     return self.hidden_size // self.num_attention_heads
 
   def is_global_layer(self, layer_index):
-    """Whether layer `layer_index` (an int, or a traced int32 under the scan) attends globally."""
+    """Whether layer `layer_index` attends globally (the pattern of `layer_pattern`)."""
     if not self.local_attention:
       return True
     return layer_index % self.global_attn_every_n_layers == 0
@@ -343,9 +345,9 @@ class LearnedPositions(nn.Module):
     return x + jnp.take(table, position_ids, axis=0).astype(c.dtype)
 
   @staticmethod
-  def rotate(config: BertConfig, query, key, position_ids, layer_index):
+  def rotate(config: BertConfig, query, key, position_ids, local: bool):
     """query/key [B, L, N, D] as attention sees them: unchanged (positions are in x already)."""
-    del config, position_ids, layer_index
+    del config, position_ids, local
     return query, key
 
 
@@ -360,11 +362,10 @@ class RotaryPositions(nn.Module):
     return x
 
   @staticmethod
-  def rotate(config: BertConfig, query, key, position_ids, layer_index):
+  def rotate(config: BertConfig, query, key, position_ids, local: bool):
     """query/key [B, L, N, D] rotated (in float32, then back to their dtype): pairs (i, i + D/2)
-    turn by position x θ^(-2i/D) (HF's rotate_half layout)."""
-    theta = jnp.where(config.is_global_layer(layer_index), config.global_rope_theta,
-                      config.local_rope_theta).astype(jnp.float32)
+    turn by position x θ^(-2i/D) (HF's rotate_half layout), θ of the layer's kind."""
+    theta = config.local_rope_theta if local else config.global_rope_theta
     dim = query.shape[-1]
     inv_freq = 1.0 / theta ** (jnp.arange(0, dim, 2, dtype=jnp.float32) / dim)  # [D/2]
     angles = position_ids[..., None].astype(jnp.float32) * inv_freq  # [B, L, D/2]
@@ -381,7 +382,8 @@ class RotaryPositions(nn.Module):
 
 # Position encoding by name (config.model.position_embedding): a module called on the token
 # embeddings (x [B, L, H], position_ids [B, L]) -> x, with a static `rotate(config, query, key,
-# position_ids, layer_index) -> (query, key)` that every attention layer applies.
+# position_ids, local) -> (query, key)` that every attention layer applies (`local`: whether the
+# layer is a local one, a Python bool).
 POSITION_BLOCKS: dict[str, type[nn.Module]] = {"learned": LearnedPositions,
                                                "rotary": RotaryPositions}
 
@@ -502,29 +504,26 @@ def window_mask(segment_ids, half_window: int):
 
 class SelfAttention(nn.Module):
   """Bidirectional multi-head self-attention within segments, output projection included; in a
-  local layer (`BertConfig.is_global_layer`) within the sliding window too."""
+  local layer (`local`) within the sliding window too."""
   config: BertConfig
   deterministic: bool
+  local: bool = False
 
   @nn.compact
-  def __call__(self, x, mask, segment_ids, position_ids, layer_index):
+  def __call__(self, x, mask, segment_ids, position_ids):
     """x [B, L, H], mask [B, 1, L, L] bool (query attends to key), segment_ids and
-    position_ids [B, L], layer_index int32 scalar -> [B, L, H]."""
+    position_ids [B, L] -> [B, L, H]."""
     c = self.config
     heads = (c.num_attention_heads, c.head_dim)
     proj = lambda name: _Einsum(c, (c.hidden_size, *heads), (EMBED, HEADS, KV), heads,
                                 (HEADS, KV), "blh,hnd->blnd", name=name)
     query, key, value = proj("query")(x), proj("key")(x), proj("value")(x)  # [B, L, N, D]
     query, key = POSITION_BLOCKS[c.position_embedding].rotate(c, query, key, position_ids,
-                                                              layer_index)
+                                                              self.local)
     rate = 0.0 if self.deterministic else c.attention_probs_dropout_prob
     dropout_key = self.make_rng("dropout") if rate > 0.0 else None
-    attend = functools.partial(_attend, c, rate, segment_ids, mask)
-    if c.local_attention:  # Global or local by the (traced) layer index: one branch runs.
-      context = jax.lax.cond(c.is_global_layer(layer_index), attend(False), attend(True),
-                             query, key, value, dropout_key)
-    else:
-      context = attend(False)(query, key, value, dropout_key)  # [B, L, N, D]
+    context = _attend(c, rate, segment_ids, mask, self.local)(query, key, value,
+                                                             dropout_key)  # [B, L, N, D]
     return _Einsum(c, (*heads, c.hidden_size), (HEADS, KV, EMBED), (c.hidden_size,), (EMBED,),
                    "blnd,ndh->blh", name="output")(context)  # [B, L, H]
 
@@ -620,44 +619,92 @@ NORM_PLACEMENTS = {"post": PostNorm, "pre": PreNorm}
 
 
 class Layer(nn.Module):
-  """One transformer layer: attention and MLP blocks with the norms where the config puts them.
-  Called by `nn.scan` as (carry, *broadcast, layer_index) -> (carry, None)."""
+  """One transformer layer: attention (global, or `local`) and MLP blocks with the norms where
+  the config puts them. `layer_index` (int32, traced) is its place in the stack."""
   config: BertConfig
   deterministic: bool
+  local: bool = False
 
   @nn.compact
   def __call__(self, x, mask, segment_ids, position_ids, layer_index):
     c = self.config
-    attention = SelfAttention(c, self.deterministic, name="attention")
+    attention = SelfAttention(c, self.deterministic, self.local, name="attention")
     mlp = MLP_BLOCKS[c.mlp](c, self.deterministic, name="mlp")
     x = NORM_PLACEMENTS[c.norm_placement].layer(
-        x, lambda y: attention(y, mask, segment_ids, position_ids, layer_index), mlp,
+        x, lambda y: attention(y, mask, segment_ids, position_ids), mlp,
         LayerNorm(c, name="attention_norm"), LayerNorm(c, name="mlp_norm"),
         lambda y: _dropout(self, y, c.hidden_dropout_prob, self.deterministic), layer_index)
-    return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED)), None
+    return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
+
+
+def layer_pattern(config: BertConfig) -> tuple[bool, ...]:
+  """Whether each layer of one repeat of the stack's pattern is local: (False,) when every
+  layer is global (BERT), else one global layer then local ones (ModernBERT: (False, True,
+  True)), so layer i is local iff pattern[i % len(pattern)]."""
+  if not config.local_attention:
+    return (False,)
+  return (False,) + (True,) * (config.global_attn_every_n_layers - 1)
 
 
 class Encoder(nn.Module):
-  """The S layers under one `nn.scan` (params stacked [S, ...], one compiled layer body), each
-  rematerialised as `config.model.remat` says; then the final norm of a pre-LN stack."""
+  """The S layers, their params stacked [S, ...] (one array per parameter, under
+  `bert/encoder/layers`), run by one `jax.lax.scan` over repeats of the layer pattern
+  (`layer_pattern`: one layer for BERT, global + local ones for ModernBERT), so each layer's
+  kind is static (a local layer never builds L x L scores) and compile time does not grow with
+  depth. Layers after the last whole repeat (ModernBERT-base: 22 = 7 x 3 + 1) run after the
+  scan. Each repeat is rematerialised as `config.model.remat` says; a pre-LN stack ends with
+  its final norm."""
   config: BertConfig
 
   @nn.compact
   def __call__(self, x, mask, segment_ids, position_ids, deterministic: bool):
     c = self.config
-    layer = Layer
-    if REMAT_POLICIES[c.remat] is not None:
-      layer = nn.remat(Layer, policy=REMAT_POLICIES[c.remat], prevent_cse=False)
-    stack = nn.scan(layer, variable_axes={"params": 0}, split_rngs={"params": True,
-                                                                    "dropout": True},
-                    in_axes=(nn.broadcast, nn.broadcast, nn.broadcast, 0),
-                    length=c.num_hidden_layers, metadata_params={nn.PARTITION_NAME: LAYERS})
-    layer_indices = jnp.arange(c.num_hidden_layers, dtype=jnp.int32)  # [S]
-    x, _ = stack(c, deterministic, name="layers")(x, mask, segment_ids, position_ids,
-                                                  layer_indices)
+    inputs = (mask, segment_ids, position_ids)
+    params = self.param("layers", functools.partial(_stacked_layer_params, c), x, *inputs)
+    rate = max(c.hidden_dropout_prob, c.attention_probs_dropout_prob)
+    dropout_key = None if deterministic or rate <= 0.0 else self.make_rng("dropout")
+    pattern = layer_pattern(c)
+    repeats, rest = divmod(c.num_hidden_layers, len(pattern))
+
+    def run(x, layer_params, first: jax.Array, kinds: tuple[bool, ...]):
+      """The layers `kinds` (local or not) of `layer_params` [len(kinds), ...], in order."""
+      for j, local in enumerate(kinds):
+        index = first + j
+        rngs = None if dropout_key is None else {"dropout": jax.random.fold_in(dropout_key,
+                                                                               index)}
+        x = Layer(c, deterministic, local, parent=None).apply(
+            {"params": jax.tree.map(lambda p: p[j], layer_params)}, x, *inputs, index,
+            rngs=rngs)
+      return x
+
+    policy = REMAT_POLICIES[c.remat]
+    if policy is not None:
+      run = jax.checkpoint(run, policy=policy, prevent_cse=False, static_argnums=(3,))
+    size = len(pattern)
+    grouped = jax.tree.map(lambda p: p[:repeats * size].reshape(repeats, size, *p.shape[1:]),
+                           params)  # [S / size, size, ...]
+    x, _ = jax.lax.scan(lambda x, xs: (run(x, xs[0], xs[1] * size, pattern), None), x,
+                        (grouped, jnp.arange(repeats, dtype=jnp.int32)))
+    if rest:
+      x = run(x, jax.tree.map(lambda p: p[repeats * size:], params),
+              jnp.int32(repeats * size), pattern[:rest])
     if NORM_PLACEMENTS[c.norm_placement].final_norm:
       x = LayerNorm(c, name="final_norm")(x)
     return x
+
+
+def _stacked_layer_params(config: BertConfig, rng, x, mask, segment_ids, position_ids):
+  """Init of the encoder's layers: each layer's params from its own key, stacked [S, ...] with
+  the logical axis LAYERS in front (never split: the mesh rule ("layers", None)); a param
+  without axis names (a block from outside may have one) stays without (replicated)."""
+  def one(key):
+    return Layer(config, True, parent=None).init(key, x, mask, segment_ids, position_ids,
+                                                 jnp.int32(0))["params"]
+  stacked = jax.vmap(one)(jax.random.split(rng, config.num_hidden_layers))
+  boxed = lambda leaf: isinstance(leaf, nn.Partitioned)
+  return jax.tree.map(
+      lambda leaf: leaf.add_axis(0, {nn.PARTITION_NAME: LAYERS}) if boxed(leaf) else leaf,
+      stacked, is_leaf=boxed)
 
 
 def attention_mask_from_segments(segment_ids):

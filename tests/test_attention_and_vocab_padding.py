@@ -213,7 +213,7 @@ def test_random_replacements_are_drawn_from_the_real_vocabulary_only():
   rows = 512
   batch = {"input_ids": np.full((rows, 16), 7, np.int32),
            "word_starts": np.ones((rows, 16), np.int32)}
-  masked = jax.jit(task.prepare)(batch, jax.random.key(0))
+  masked = jax.jit(task.prepare)(batch, jax.random.key(0), jnp.int32(0))
   replaced = np.asarray(masked["input_ids"])[np.asarray(masked["input_ids"]) != 7]
   assert replaced.size > 500 and replaced.max() < 211 and replaced.max() >= 200
 

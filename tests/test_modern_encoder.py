@@ -6,7 +6,8 @@ train and resume bit-identically, and mismatched options fail in one line naming
 
 import json
 import os
-import signal
+import subprocess
+import sys
 
 import jax
 import jax.numpy as jnp
@@ -18,120 +19,48 @@ from bert_jax.masking import MaskingConfig
 from bert_jax.model import BertConfig, BertForPreTraining
 from bert_jax.tasks import pretraining
 from configs import modern_base, modern_tiny, tiny
+from tests import modern_runs
 
-# Each option of the modern recipe alone, as config overrides on configs/tiny.py.
-OPTIONS = {
-    "rotary": {"model.position_embedding": "rotary"},
-    "glu": {"model.mlp": "glu"},
-    "pre_norm": {"model.norm_placement": "pre"},
-    "no_biases": {"model.attention_bias": False, "model.mlp_bias": False,
-                  "model.norm_bias": False, "model.classifier_bias": False},
-    "no_token_types": {"model.type_vocab_size": 0},
-    "local_attention": {"model.local_attention": 8, "model.global_attn_every_n_layers": 2},
-    "mean_pooling": {"model.classifier_pooling": "mean"},
-    "mask_30": {"masking.mask_prob": 0.3, "masking.eval_mask_prob": 0.15},
-    "wsd": {"train.schedule": "wsd", "train.decay_fraction": 0.5},
-    "stable_adamw": {"train.optimizer": "stable_adamw", "train.b2": 0.98},
-    "span_warmup": {"data.objective": "mlm", "data.span_warmup_steps": 4,
-                    "data.span_warmup_start": 8},
-}
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
-def _set(config, overrides: dict):
-  for path, value in overrides.items():
-    section, name = path.split(".")
-    config[section][name] = value
-  return config
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory) -> dict[str, dict]:
+  """tests/modern_runs.py once for every run (its own process, one CPU device): name -> the
+  straight and the stopped-then-resumed runs' per-step losses."""
+  workdir = tmp_path_factory.mktemp("modern_runs")
+  done = subprocess.run([sys.executable, os.path.join(ROOT, "tests", "modern_runs.py"),
+                         str(workdir)], cwd=ROOT, capture_output=True, text=True, timeout=900)
+  assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]
+  results = [json.loads(line[len("RESULT "):]) for line in done.stdout.splitlines()
+             if line.startswith("RESULT ")]
+  return {result["name"]: result for result in results}
 
 
-def _tiny_config(overrides: dict, steps: int = 6):
-  """configs/tiny.py shrunk to a few milliseconds a step, on synthetic data."""
-  config = tiny.get_config()
-  _set(config, {
-      "model.vocab_size": 128, "model.hidden_size": 32, "model.num_hidden_layers": 2,
-      "model.num_attention_heads": 2, "model.intermediate_size": 48,
-      "model.max_position_embeddings": 32, "data.max_seq_length": 32, "data.source": "synthetic",
-      "data.max_examples_per_row": 2, "masking.max_predictions_per_seq": 10,
-      "train.batch_size": 8, "train.num_train_steps": steps, "train.warmup_steps": 2,
-      "train.log_every_steps": 1, "train.eval_every_steps": 0,
-      "checkpoint.save_every_steps": 100, "checkpoint.async_save": False,
-      "logging.tensorboard": False})
-  return _set(config, overrides)
+def _assert_resumed_bit_identically(run: dict) -> None:
+  steps = sorted(int(s) for s in run["straight"])
+  assert steps == list(range(1, modern_runs.STEPS + 1))
+  assert run["preempted_at"] is not None and run["saved"] == [run["preempted_at"]], run
+  assert 1 <= run["preempted_at"] < steps[-1]
+  assert [run["resumed"][str(s)] for s in steps] == [run["straight"][str(s)] for s in steps]
+  assert all(np.isfinite(v) for v in run["straight"].values())
 
 
-def _modern_tiny_config(steps: int = 6):
-  """configs/modern_tiny.py at test size: every option together."""
-  config = modern_tiny.get_config()
-  return _set(config, {
-      "model.vocab_size": 128, "model.hidden_size": 32, "model.intermediate_size": 48,
-      "model.local_attention": 8, "data.max_seq_length": 32, "data.source": "synthetic",
-      "data.span_warmup_steps": 4, "data.span_warmup_start": 8,
-      "masking.max_predictions_per_seq": 10, "train.batch_size": 8, "train.num_train_steps": steps,
-      "train.warmup_steps": 2, "train.log_every_steps": 1, "train.eval_every_steps": 0,
-      "checkpoint.save_every_steps": 100, "checkpoint.async_save": False,
-      "logging.tensorboard": False})
+@pytest.mark.parametrize("option", sorted(modern_runs.OPTIONS))
+def test_each_option_alone_trains_and_resumes_bit_identically(option, runs):
+  _assert_resumed_bit_identically(runs[option])
 
 
-def _step_losses(workdir) -> dict[int, float]:
-  losses = {}
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    for line in f:
-      record = json.loads(line)
-      if record["split"] == "train":
-        losses[record["step"]] = record["loss"]
-  return losses
+def test_the_full_modern_config_trains_and_resumes_bit_identically(runs):
+  run = runs["modern"]
+  _assert_resumed_bit_identically(run)
+  # The modern blocks are the ones that trained: GeGLU halves, no biases, 3 stacked layers.
+  assert run["layer_params"]["mlp/wi_0/kernel"] == [3, 32, 48]
+  assert not any(name.endswith("bias") for name in run["layer_params"])
 
 
-class _SigtermAt:
-  """A train iterator that sends this process SIGTERM when its `at`-th batch is read."""
-
-  def __init__(self, inner, at: int):
-    self.inner, self.at, self.read = inner, at, 0
-
-  def __next__(self):
-    self.read += 1
-    if self.read == self.at:
-      os.kill(os.getpid(), signal.SIGTERM)
-    return next(self.inner)
-
-  def get_state(self):
-    return self.inner.get_state()
-
-  def set_state(self, state):
-    self.inner.set_state(state)
-
-
-def _train_preempt_resume(config, tmp_path, monkeypatch):
-  """(reference losses, resumed losses, the step the preemption saved)."""
-  reference = str(tmp_path / "reference")
-  train.train_and_evaluate(config, reference)
-  workdir = str(tmp_path / "preempted")
-  original = train._train_iterator
-  monkeypatch.setattr(train, "_train_iterator",
-                      lambda *args: _SigtermAt(original(*args), at=3))
-  stopped = train.train_and_evaluate(config, workdir)
-  monkeypatch.setattr(train, "_train_iterator", original)
-  saved = [int(n) for n in os.listdir(os.path.join(workdir, "checkpoints")) if n.isdigit()]
-  train.train_and_evaluate(config, workdir)
-  return _step_losses(reference), _step_losses(workdir), (stopped.get("preempted_at"), saved)
-
-
-@pytest.mark.parametrize("option", sorted(OPTIONS))
-def test_each_option_alone_trains_and_resumes_bit_identically(option, tmp_path, monkeypatch):
-  config = _tiny_config(OPTIONS[option])
-  config_checks.check_pretraining(config)
-  expected, resumed, (at, saved) = _train_preempt_resume(config, tmp_path, monkeypatch)
-  assert at is not None and 1 <= at < 6 and saved == [at], (at, saved)
-  assert [resumed[s] for s in range(1, 7)] == [expected[s] for s in range(1, 7)]
-  assert all(np.isfinite(v) for v in expected.values())
-
-
-def test_the_full_modern_config_trains_and_resumes_bit_identically(tmp_path, monkeypatch):
-  config = _modern_tiny_config(steps=8)
-  config_checks.check_pretraining(config)
-  expected, resumed, (at, saved) = _train_preempt_resume(config, tmp_path, monkeypatch)
-  assert at is not None and saved == [at]
-  assert [resumed[s] for s in range(1, 9)] == [expected[s] for s in range(1, 9)]
+def test_a_modern_tiny_row_of_1024_tokens_trains(runs):
+  _assert_resumed_bit_identically(runs["modern_1024"])
 
 
 # ------------------------------------------------------------------------- local attention
@@ -156,13 +85,15 @@ def test_local_attention_equals_the_dense_window_reference(length, half):
   rng = np.random.default_rng(length)
   q, k, v = (jnp.asarray(rng.standard_normal((3, length, 2, 8)), jnp.float32) for _ in range(3))
   segments = jnp.asarray(_segments(3, length, rng))
-  local = model_lib.local_attention(q, k, v, segments, half)
-  dense = model_lib.einsum_attention(q, k, v, model_lib.window_mask(segments, half))
+  local = jax.jit(model_lib.local_attention, static_argnums=4)(q, k, v, segments, half)
+  dense = jax.jit(lambda q, k, v, s: model_lib.einsum_attention(
+      q, k, v, model_lib.window_mask(s, half)))(q, k, v, segments)
   real = np.asarray(segments) > 0  # Padding queries' outputs are never read.
   np.testing.assert_allclose(np.asarray(local)[real], np.asarray(dense)[real], atol=1e-6)
   # The window matters where a segment is longer than it: global attention differs there.
   longest = max(np.sum(np.asarray(segments) == k, axis=1).max() for k in range(1, 5))
-  full = model_lib.einsum_attention(q, k, v, model_lib.attention_mask_from_segments(segments))
+  full = jax.jit(lambda q, k, v, s: model_lib.einsum_attention(
+      q, k, v, model_lib.attention_mask_from_segments(s)))(q, k, v, segments)
   assert (np.abs(np.asarray(full)[real] - np.asarray(dense)[real]).max() > 1e-3) == (
       longest > half + 1)
 
@@ -206,15 +137,16 @@ def test_packed_modern_rows_equal_each_example_alone():
     positions[0, start:start + len(example)] = np.arange(len(example))
     start += len(example)
   every = np.arange(length)[None].astype(np.int32)
-  params = model.init(jax.random.key(0), ids, ids, segments, every)["params"]
-  packed = model.apply({"params": params}, ids, np.zeros_like(ids), segments, every,
-                       position_ids=positions, cls_positions=np.int32([[0, 14, 31]]))
+  params = jax.jit(model.init)(jax.random.key(0), ids, ids, segments, every)["params"]
+  apply = jax.jit(model.apply)
+  packed = apply({"params": params}, ids, np.zeros_like(ids), segments, every,
+                 position_ids=positions, cls_positions=np.int32([[0, 14, 31]]))
   start = 0
   for k, example in enumerate(examples):
     alone = np.zeros((1, length), np.int32)
     alone[0, :len(example)] = example
     mask = (np.arange(length) < len(example)).astype(np.int32)[None]
-    out = model.apply({"params": params}, alone, np.zeros_like(alone), mask, every)
+    out = apply({"params": params}, alone, np.zeros_like(alone), mask, every)
     np.testing.assert_allclose(
         np.asarray(packed["mlm_logits"])[0, start:start + len(example)],
         np.asarray(out["mlm_logits"])[0, :len(example)], atol=1e-5)
@@ -233,7 +165,7 @@ def test_mean_pooling_reads_each_packed_example():
 
 
 def test_training_masks_at_its_rate_and_evaluation_at_its_own():
-  config = _tiny_config(OPTIONS["mask_30"])
+  config = modern_runs.tiny_config(modern_runs.OPTIONS["mask_30"])
   task = train.pretraining_task(config, BertConfig.from_config(config.model), None)
   ids = np.full((64, 32), 7, np.int32)
   ids[:, 0], ids[:, -1] = 2, 3
@@ -263,18 +195,6 @@ def test_example_length_warmup_cuts_rows_into_growing_spans():
   assert np.asarray(whole["segment_ids"]).tolist() == (segments > 0).astype(int).tolist()
 
 
-def test_a_modern_tiny_row_of_1024_tokens_trains(tmp_path):
-  config = _modern_tiny_config(steps=2)
-  _set(config, {"data.max_seq_length": 1024, "model.local_attention": 128,
-                "masking.max_predictions_per_seq": 308, "train.batch_size": 8,
-                "data.span_warmup_steps": 0})
-  config_checks.check_pretraining(config)
-  result = train.train_and_evaluate(config, str(tmp_path / "run"))
-  losses = _step_losses(str(tmp_path / "run"))
-  assert sorted(losses) == [1, 2] and all(np.isfinite(v) for v in losses.values())
-  assert result["state"].params["bert"]["encoder"]["layers"]["mlp"]["wi_0"]["kernel"].shape[0] == 3
-
-
 # ------------------------------------------------------------------------- bad options
 
 
@@ -295,7 +215,7 @@ def test_a_modern_tiny_row_of_1024_tokens_trains(tmp_path):
     ({"train.decay_shape": "cosine"}, "config.train.decay_shape='cosine'"),
 ])
 def test_mismatched_options_fail_in_one_line_naming_the_field(overrides, names):
-  config = _set(tiny.get_config(), overrides)
+  config = modern_runs.set_fields(tiny.get_config(), overrides)
   with pytest.raises(ValueError) as error:
     config_checks.check_pretraining(config)
   assert names in str(error.value) and "\n" not in str(error.value)

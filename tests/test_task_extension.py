@@ -106,7 +106,9 @@ def _config(tmp_path, steps: int):
   config.data.update(train_file=write_jsonl(tmp_path / "train.jsonl", _rows(256, 0)),
                      validation_file=write_jsonl(tmp_path / "dev.jsonl", _rows(64, 1)),
                      max_seq_length=16)
-  config.train.update(batch_size=32, num_train_steps=steps, learning_rate=5e-3, warmup_steps=5,
+  # BERT's optimizer has no bias correction: its first steps are ~3x a bias-corrected Adam's, and
+  # 5e-3 left 2 of 4 seeds at chance; 1e-3 learns the task on every seed tried (0-5).
+  config.train.update(batch_size=32, num_train_steps=steps, learning_rate=1e-3, warmup_steps=10,
                       log_every_steps=1, eval_every_steps=0, eval_batch_size=32)
   config.checkpoint.save_every_steps = 30
   config.logging.tensorboard = False
