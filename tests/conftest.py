@@ -1,5 +1,5 @@
-"""Test setup: 8 simulated CPU devices (before jax initialises), one persistent compilation cache
-for the session, and the repo on sys.path."""
+"""Test setup: 8 simulated CPU devices and the suite's compiler flags (`suite_flags.py`, before
+jax initialises), one persistent compilation cache for the session, and the repo on sys.path."""
 
 import atexit
 import os
@@ -7,9 +7,10 @@ import shutil
 import sys
 import tempfile
 
-os.environ["XLA_FLAGS"] = (
-    os.environ.get("XLA_FLAGS", "") + " --xla_force_host_platform_device_count=8"
-).strip()
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from suite_flags import xla_flags  # noqa: E402  (the flags of every process the tests start)
+
+os.environ["XLA_FLAGS"] = (os.environ.get("XLA_FLAGS", "") + " " + xla_flags(8)).strip()
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 
 # The launchers the tests start (about 60 processes) compile the same few tiny programs again and

@@ -18,6 +18,7 @@ from tests import gcs_emulator
 from tests.test_finetune import _keyword_rows, _task_vocab, finetune_config
 from tests.test_train_e2e import ROOT, TINY
 from configs import finetune_classification
+from tests.suite_flags import xla_flags
 
 STEPS = 8
 FLAGS = [*TINY, f"--config.train.num_train_steps={STEPS}", "--config.checkpoint.save_every_steps=4",
@@ -38,7 +39,7 @@ def _launch(workdir, bucket, *flags, wait=True, processes=1):
   first run, the local reference, prepares it; a bucket workdir never holds it)."""
   _, env, cache, _ = bucket
   environment = dict(os.environ, **env, JAX_PLATFORMS="cpu",
-                     XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // processes}")
+                     XLA_FLAGS=xla_flags(8 // processes))
   command = [sys.executable, os.path.join(ROOT, "launch/train.py"), f"--workdir={workdir}",
              *FLAGS, f"--config.data.builtin_cache_dir={cache}", *flags]
   if not wait:

@@ -31,6 +31,7 @@ from bert_jax.weights import files, tf_bundle
 from bert_jax.weights import params as params_lib
 from tests import tf_bundle_writer
 from tests.test_finetune import ROOT, SPECIALS, _write_vocab
+from tests.suite_flags import xla_flags
 
 WORDS = ["the", "cat", "dog", "sat", "on", "mat", "a", "good", "bad", "film", "very", "long"]
 # Specials first ([PAD]=0 ... [MASK]=4), then the words and test_finetune's digit pieces.
@@ -117,7 +118,7 @@ def _snapshot(directory) -> dict[str, bytes]:
 def _launch_all(runs: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
   """Launchers side by side: name -> [script, *args] -> name -> finished process, on one CPU
   device each (as test_finetune._launch)."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1),
              JAX_PLATFORMS="cpu")
   started = {name: subprocess.Popen([sys.executable, os.path.join(ROOT, "launch", script),
                                      *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,

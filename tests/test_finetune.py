@@ -25,6 +25,7 @@ from bert_jax.tasks import classification, qa, tagging
 from bert_jax.data import prepare
 from bert_jax.data.vocab import Vocab, train_sentencepiece
 from configs import finetune_classification, finetune_qa, finetune_tagging, tiny
+from tests.suite_flags import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -358,7 +359,7 @@ def _params_config_vocab(path):
 
 def _launch(script, *args):
   """A launcher on one CPU device (what it writes and prints does not depend on the mesh)."""
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=1",
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1),
              JAX_PLATFORMS="cpu")
   return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], cwd=ROOT,
                         env=env, capture_output=True, text=True, timeout=300)
@@ -778,7 +779,7 @@ def test_finetuning_resumes_after_sigkill_bit_identically(tmp_path):
   reference = str(tmp_path / "reference")
   finetune.finetune_and_evaluate(config, reference)
   workdir = str(tmp_path / "killed")
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+  env = dict(os.environ, XLA_FLAGS=xla_flags(8),
              JAX_PLATFORMS="cpu")
   process = subprocess.Popen(
       [sys.executable, os.path.join(ROOT, "launch", "finetune.py"),
@@ -877,7 +878,7 @@ def test_finetuning_refuses_other_labels_and_stops_on_a_read_only_best_export(tm
         [sys.executable, os.path.join(ROOT, "launch", "finetune.py"),
          "--config=configs/finetune_classification.py", f"--workdir={fresh}",
          *_config_flags(second)], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-        text=True, env=dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=8",
+        text=True, env=dict(os.environ, XLA_FLAGS=xla_flags(8),
                             JAX_PLATFORMS="cpu"))
     output = ""
     for line in process.stdout:  # The export of step 2 follows its evaluation.

@@ -39,6 +39,7 @@ from bert_jax.model import BertConfig, BertForPreTraining, BertModel
 from bert_jax.weights.layout import unpad_vocab
 from bert_jax.weights import tf_bundle
 from tests import tf_bundle_writer
+from tests.suite_flags import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONVERT = os.path.join(ROOT, "launch", "convert.py")
@@ -142,7 +143,7 @@ def _max_error(a: dict, b: dict) -> float:
 
 def _run(script, *args) -> subprocess.CompletedProcess:
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  env.pop("XLA_FLAGS", None)  # One device is plenty (and compiles faster).
+  env["XLA_FLAGS"] = xla_flags(1)  # One device is plenty (and compiles faster).
   return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
                         env=env, timeout=240, cwd=ROOT)
 

@@ -33,6 +33,7 @@ from bert_jax.model import BertConfig, BertForPreTraining, param_shapes
 from bert_jax.weights import hf, hf_modernbert, params as params_lib
 from configs import finetune_classification, finetune_qa, finetune_tagging
 from tests import test_finetune as ft
+from tests.suite_flags import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOLERANCE = 1e-4  # Max abs MLM logit difference, float32.
@@ -57,7 +58,7 @@ SENTENCES = ["Hello, world! The cat sat on the mat.", "The café's naïve façad
 def _run(script: str, *args: str) -> subprocess.CompletedProcess:
   """A launcher on one CPU device."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
-  env.pop("XLA_FLAGS", None)
+  env["XLA_FLAGS"] = xla_flags(1)
   return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args],
                         capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
 

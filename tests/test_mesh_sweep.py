@@ -13,6 +13,7 @@ import pytest
 from bert_jax import sharding
 from bert_jax.model import BertConfig
 from configs import base
+from tests.suite_flags import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RULES = sharding.logical_rules(base.get_config().mesh)
@@ -25,7 +26,7 @@ def _mesh(data=1, fsdp=1, tensor=1) -> dict[str, int]:
 
 
 def _env(devices: int) -> dict[str, str]:
-  return {**os.environ, "XLA_FLAGS": f"--xla_force_host_platform_device_count={devices}",
+  return {**os.environ, "XLA_FLAGS": xla_flags(devices),
           "JAX_PLATFORMS": "cpu"}
 
 

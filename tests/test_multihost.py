@@ -14,6 +14,7 @@ import time
 import pytest
 
 from test_train_e2e import ROOT, TINY, _checkpoint_steps, _launch, _train_losses
+from tests.suite_flags import xla_flags
 
 STEPS = 9
 
@@ -28,7 +29,7 @@ def _start_processes(workdir, dataset_dir, *flags, num_processes=2, heartbeat=10
   """Starts the processes of one job (4 forced CPU devices each); returns the Popen list."""
   port = _port()
   env = dict(os.environ, JAX_PLATFORMS="cpu",
-             XLA_FLAGS=f"--xla_force_host_platform_device_count={8 // num_processes}")
+             XLA_FLAGS=xla_flags(8 // num_processes))
   processes = []
   for index in range(num_processes):
     command = [sys.executable, os.path.join(ROOT, "launch/train.py"), f"--workdir={workdir}",

@@ -13,6 +13,7 @@ import time
 
 import numpy as np
 import pytest
+from tests.suite_flags import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -37,7 +38,7 @@ def _env(devices: int = 1):
   depend on the mesh (tests/test_train_step.py and the multi-process tests cover meshes), and a
   launch on 8 forced devices of 2 cores takes ~1.5x as long."""
   env = dict(os.environ)
-  env["XLA_FLAGS"] = f"--xla_force_host_platform_device_count={devices}"
+  env["XLA_FLAGS"] = xla_flags(devices)
   env["JAX_PLATFORMS"] = "cpu"
   return env
 
@@ -448,7 +449,8 @@ def _launcher(script, *args, timeout=120):
 
 def _foreign_inputs(tmp_path) -> dict[str, str]:
   """Inputs from elsewhere that are broken: a HF directory whose config.json has a null size, a
-  TF checkpoint whose index claims a 100000 x 100000 tensor, a 5 MB corpus on one line."""
+  TF checkpoint whose index claims a 100000 x 100000 tensor, a corpus on one line of 1 MB (no
+  sentence break; tests/test_data_guards.py reads 5 MB in process)."""
   from tests import test_convert_predict_guards as guards  # pylint: disable=import-outside-toplevel
   from tests import test_data_guards, tf_bundle_writer  # pylint: disable=import-outside-toplevel
   null_config = guards._hf_dir(tmp_path, "null_config")  # pylint: disable=protected-access
@@ -460,7 +462,7 @@ def _foreign_inputs(tmp_path) -> dict[str, str]:
       absurd, {"bert/embeddings/word_embeddings": np.ones((4, 2), np.float32)},
       tamper={"bert/embeddings/word_embeddings": {"shape": (100_000, 100_000)}})
   one_line = tmp_path / "one_line.txt"
-  one_line.write_text(test_data_guards._long_line(5_000_000) + "\n")  # pylint: disable=protected-access
+  one_line.write_text(test_data_guards._long_line(1_000_000) + "\n")  # pylint: disable=protected-access
   return {"null_config": null_config, "absurd_tf": absurd, "one_line": str(one_line)}
 
 
