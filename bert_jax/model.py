@@ -2,7 +2,7 @@
 small blocks that config fields choose.
 
 Read top to bottom: config -> block registries -> embeddings -> attention -> MLP -> layer (norm
-placement) -> encoder (the layers under one `nn.scan`) -> BertModel -> pretraining heads.
+placement) -> encoder (the layers in one `jax.lax.scan`) -> BertModel -> pretraining heads.
 Shapes: B batch, L sequence length, H hidden size, N heads, D head size, F intermediate size,
 P predictions per sequence, V vocabulary size, V' the padded vocabulary
 (`BertConfig.padded_vocab_size`), S layers.

@@ -1,5 +1,5 @@
 """The model's params layout at the boundaries of bert_jax: vocabulary padding, parameter counts,
-and the conversion of the layout saved before the encoder ran under `nn.scan`.
+and the conversion of the per-layer layout saved before the encoder's params were stacked.
 
 Vocabulary padding: a model's word-embedding table and MLM bias hold
 `BertConfig.padded_vocab_size` rows (`vocab_pad_multiple`); exchange formats (HuggingFace, TF,
