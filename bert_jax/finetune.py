@@ -10,6 +10,7 @@ With `config.train.freeze_encoder` the encoder (params["bert"], pooler included)
 updates and no optimizer state, and stays bit-identical.
 """
 
+import copy
 import dataclasses
 import json
 from typing import Any
@@ -53,6 +54,7 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   task = task_class(encoder.config, task_class.settings_class.from_config(config, labels))
   train_data = task.encode(train_records, encoder.vocab, is_training=True)
   validation = task.encode(validation_records, encoder.vocab) if validation_records else None
+  config = with_train_length(config, len(train_data.examples))
   _log_setup(config, task, encoder, train_data, validation)
   index, count = jax.process_index(), jax.process_count()
   run = trainer.Run(
@@ -73,6 +75,34 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   if jax.process_index() == 0:
     storage.write_text(storage.join(workdir, FINAL_EVAL_FILE), json.dumps(summary, indent=2))
   return {**summary, "state": result["state"]}
+
+
+def train_length(train_config, num_examples: int) -> tuple[int, int]:
+  """(steps, warmup steps) as run_classifier.py / run_squad.py compute them:
+  int(num_examples / batch_size x num_train_epochs) and int(steps x warmup_proportion), unless
+  `num_train_steps` / `warmup_steps` are set (> 0)."""
+  steps = train_config.num_train_steps or int(
+      num_examples / train_config.batch_size * train_config.num_train_epochs)
+  if steps < 1:
+    raise ValueError(f"config.train.num_train_epochs={train_config.num_train_epochs} of "
+                     f"{num_examples} training examples at config.train.batch_size="
+                     f"{train_config.batch_size} is less than one step: train longer, or set "
+                     "config.train.num_train_steps")
+  warmup = train_config.warmup_steps or int(steps * train_config.warmup_proportion)
+  return steps, warmup
+
+
+def with_train_length(config, num_examples: int):
+  """A copy of `config` whose num_train_steps and warmup_steps are the run's (`train_length`),
+  logged: the trainer and the schedule read them, and checkpoints record them."""
+  steps, warmup = train_length(config.train, num_examples)
+  source = ("config.train.num_train_steps" if config.train.num_train_steps else
+            f"{config.train.num_train_epochs:g} epochs of {num_examples} examples at batch "
+            f"{config.train.batch_size}")
+  console(f"Training {steps} steps ({source}), warmup {warmup}")
+  config = copy.deepcopy(config)
+  config.train.num_train_steps, config.train.warmup_steps = steps, warmup
+  return config
 
 
 def load_encoder(config) -> Encoder:

@@ -62,9 +62,14 @@ def get_config() -> ml_collections.ConfigDict:
   del config.train.eval_max_batches  # Fine-tuning scores every validation example.
   config.train.freeze_encoder = False  # True: train the head only; encoder stays bit-identical.
   config.train.batch_size = 32
-  config.train.num_train_steps = 1000
+  # 0: num_train_epochs passes over the training examples, int(examples / batch_size x epochs)
+  # as run_classifier.py / run_squad.py (QA counts questions, not windows); > 0 wins.
+  config.train.num_train_steps = 0
+  config.train.num_train_epochs = 3.0  # The original's fine-tuning length.
   config.train.learning_rate = 5e-5  # BERT's fine-tuning range: 2e-5 .. 5e-5.
-  config.train.warmup_steps = 100
+  config.train.warmup_steps = 0  # > 0 wins over warmup_proportion.
+  # Warmup as a fraction of the run's steps, int(steps x proportion), as the original (0.1).
+  config.train.warmup_proportion = 0.1
   config.train.log_every_steps = 50
   config.train.eval_every_steps = 200
   config.train.eval_batch_size = 64

@@ -19,5 +19,4 @@ def get_config() -> ml_collections.ConfigDict:
   config.task = "classification"
   config.data.max_seq_length = 128
   config.train.learning_rate = 2e-5
-  config.train.num_train_steps = 2000
   return config

@@ -23,7 +23,6 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.max_answer_length = 30
   config.train.batch_size = 32
   config.train.learning_rate = 3e-5
-  config.train.num_train_steps = 5000
   config.train.eval_every_steps = 1000
   config.train.best_metric = "f1"
   return config

@@ -16,5 +16,4 @@ def get_config() -> ml_collections.ConfigDict:
   config.task = "tagging"
   config.data.max_seq_length = 128
   config.train.learning_rate = 5e-5
-  config.train.num_train_steps = 2000
   return config

@@ -121,7 +121,7 @@ _SHARED_BAD = [
     ("model.local_attention", -2), ("model.global_attn_every_n_layers", 0),
     ("model.classifier_pooling", "max"), ("model.type_vocab_size", -1),
     ("train.decay_fraction", 1.5), ("train.decay_shape", "cosine"),
-    ("train.batch_size", True), ("train.batch_size", 0), ("train.num_train_steps", 0),
+    ("train.batch_size", True), ("train.batch_size", 0),
     ("train.optimizer", "sgd"), ("train.schedule", "cosine"), ("train.learning_rate", -1),
     ("train.learning_rate", 0.0), ("train.learning_rate", math.nan),
     ("train.learning_rate", math.inf), ("train.warmup_steps", -5),
@@ -147,6 +147,7 @@ PRETRAINING_BAD = _SHARED_BAD + [
     ("masking.mask_prob", 0.0), ("masking.max_predictions_per_seq", 0),
     ("masking.mask_token_prob", 1.2), ("masking.random_token_prob", -0.1),
     ("masking.whole_word_masking", None), ("masking.eval_mask_prob", 1.5),
+    ("train.num_train_steps", 0),
     ("data.span_warmup_steps", -1), ("data.span_warmup_start", 0),
     ("train.eval_max_batches", -1),
     ("init_from", None),
@@ -160,6 +161,8 @@ FINETUNING_BAD = _SHARED_BAD + [
     ("data.regression", None), ("data.max_seq_length", 2), ("data.max_query_length", 0),
     ("data.doc_stride", 0), ("data.max_answer_length", 0), ("data.prefetch", -1),
     ("train.freeze_encoder", None), ("train.best_metric", None),
+    ("train.num_train_epochs", 0.0), ("train.warmup_proportion", 1.0),
+    ("train.num_train_steps", -1),
 ]
 
 

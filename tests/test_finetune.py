@@ -914,3 +914,34 @@ def test_a_pretrained_encoder_takes_the_run_fields_of_config_model(tmp_path):
   assert {name: getattr(encoder.config, name) for name in run_fields} == run_fields
   assert (encoder.config.hidden_size, encoder.config.num_hidden_layers) == (
       TINY.hidden_size, TINY.num_hidden_layers)
+
+
+@pytest.mark.parametrize("examples,batch,epochs,expected", [
+    (3668, 32, 3.0, (343, 34)),  # MRPC with run_classifier.py's defaults.
+    (2490, 32, 3.0, (233, 23)),  # RTE.
+    (392702, 32, 3.0, (36815, 3681)),  # MNLI.
+    (87599, 12, 2.0, (14599, 1459)),  # SQuAD v1.1 with run_squad.py's README settings.
+])
+def test_epochs_and_warmup_proportion_give_the_original_step_counts(examples, batch, epochs,
+                                                                     expected):
+  config = finetune_classification.get_config()
+  config.train.update(batch_size=batch, num_train_epochs=epochs)
+  # run_classifier.py: int(len(train_examples) / train_batch_size * num_train_epochs) steps,
+  # int(num_train_steps * warmup_proportion) of warmup.
+  assert finetune.train_length(config.train, examples) == expected
+  config.train.num_train_steps = 1000  # An explicit length wins; warmup stays a proportion.
+  assert finetune.train_length(config.train, examples) == (1000, 100)
+  config.train.warmup_steps = 7  # So does an explicit warmup.
+  assert finetune.train_length(config.train, examples) == (1000, 7)
+
+
+def test_a_run_from_the_default_length_trains_its_epochs_and_says_so(tmp_path, capsys):
+  config = _keyword_config(tmp_path, steps=0)  # 96 examples at batch 32.
+  config.train.update(num_train_epochs=1.0, warmup_steps=0, warmup_proportion=0.5)
+  result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
+  assert "Training 3 steps (1 epochs of 96 examples at batch 32), warmup 1" in capsys.readouterr().out
+  assert max(_step_losses(str(tmp_path / "run"))) == 3 == int(result["state"].step)
+  config.train.num_train_epochs = 0.1  # 9.6 examples: less than a step.
+  with pytest.raises(ValueError, match=r"config.train.num_train_epochs=0.1 of 96 training "
+                                       r"examples at config.train.batch_size=32 is less than one"):
+    finetune.finetune_and_evaluate(config, str(tmp_path / "short"))
