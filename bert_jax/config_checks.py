@@ -342,6 +342,8 @@ FINETUNING_RULES: dict[str, Check] = {
     "data.max_query_length": integer(1),
     "data.doc_stride": integer(1),
     "data.max_answer_length": integer(1),
+    "data.version_2_with_negative": boolean(),
+    "data.null_score_diff_threshold": number(-math.inf, meaning="run_squad.py's default: 0"),
     "data.prefetch": integer(0, "0: no batch ahead"),
     "train.freeze_encoder": boolean(),
     **_TRAIN_RULES,

@@ -54,6 +54,12 @@ def get_config() -> ml_collections.ConfigDict:
   # --doc_stride, default 128); each piece is scored in the window where it has most context.
   config.data.doc_stride = 128
   config.data.max_answer_length = 30  # QA: longest predicted answer, in pieces.
+  # QA: SQuAD 2.0, questions without an answer in the passage (empty `answers`) train to
+  # [CLS] in every window, and prediction may answer "" (run_squad.py's flag of that name).
+  config.data.version_2_with_negative = False
+  # QA with version_2_with_negative: answer "" when the null score (the [CLS] start + end logits,
+  # the least over a question's windows) exceeds the best span's by more than this.
+  config.data.null_score_diff_threshold = 0.0
   config.data.prefetch = pretraining.data.prefetch  # Batches prefetched to the devices.
 
   # ---------------------------------------------------------------- train

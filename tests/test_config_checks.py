@@ -162,6 +162,7 @@ FINETUNING_BAD = _SHARED_BAD + [
     ("data.doc_stride", 0), ("data.max_answer_length", 0), ("data.prefetch", -1),
     ("train.freeze_encoder", None), ("train.best_metric", None),
     ("train.num_train_epochs", 0.0), ("train.warmup_proportion", 1.0),
+    ("data.version_2_with_negative", None), ("data.null_score_diff_threshold", math.nan),
     ("train.num_train_steps", -1),
 ]
 
