@@ -22,85 +22,16 @@ import argparse
 import json
 import os
 import statistics
-import sys
-import time
 
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-RESULTS = os.path.join(REPO, "benchmarks", "results")
-sys.path.insert(0, REPO)
+from race import RESULTS, Variant, plot, race
 
 
-def _config(examples_per_row: int):
+def _variant(name: str, examples_per_row: int, workdir: str) -> Variant:
   from configs import tiny
   config = tiny.get_config()
   config.data.max_examples_per_row = examples_per_row
   config.mesh.data = 1
-  return config
-
-
-class Variant:
-  """One dataset (K examples per row) with its task, compiled program, state and iterator."""
-
-  def __init__(self, name: str, examples_per_row: int, workdir: str):
-    import jax
-    import flax.linen as nn
-    from bert_jax import programs, sharding, train
-    from bert_jax.data import builtin, pipeline
-    from bert_jax.model import BertConfig
-    self.name, self.config = name, _config(examples_per_row)
-    builtin.ensure_builtin(workdir, builtin.BuiltinSettings.from_config(self.config))
-    self.dataset_dir, self.meta = pipeline.resolve_dataset(self.config, workdir)
-    self.task = train.pretraining_task(self.config, BertConfig.from_config(self.config.model),
-                                       self.meta)
-    self.mesh = sharding.make_mesh(self.config.mesh, jax.devices()[:1])
-    self.rules = sharding.logical_rules(self.config.mesh)
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      self.program = programs.make_program(self.config, self.task, self.mesh)
-    self.key = jax.random.fold_in(jax.random.key(self.config.seed), 2)
-    self.reset()
-
-  def reset(self) -> None:
-    """A fresh start: initial params, the data from its first batch, no time spent."""
-    import jax
-    from bert_jax.data import pipeline
-    with jax.set_mesh(self.mesh):
-      self.state = self.program.init(jax.random.key(self.config.seed))
-    self.iterator = pipeline.make_train_iterator(
-        self.dataset_dir, global_batch_size=self.config.train.batch_size, seed=self.config.seed,
-        process_index=0, process_count=1)
-    self.train_seconds, self.steps, self.curve = 0.0, 0, []
-
-  def run(self, seconds: float) -> tuple[int, int, float]:
-    """Steps for about `seconds` -> (steps, real tokens, seconds taken)."""
-    import jax
-    from bert_jax import sharding
-    steps, real, start, previous = 0, 0, time.perf_counter(), None
-    with jax.set_mesh(self.mesh):
-      while time.perf_counter() - start < seconds:
-        local = next(self.iterator)
-        real += int((local["segment_ids"] > 0).sum())
-        batch = sharding.global_batch_from_local(local, self.mesh)
-        self.state, metrics = self.program.train_step(self.state, batch, self.key)
-        steps += 1
-        if previous is not None:  # One step in flight: input overlaps compute, and the
-          jax.block_until_ready(previous)  # clock measures finished steps.
-        previous = metrics["loss"]
-      jax.block_until_ready(previous)
-    elapsed = time.perf_counter() - start
-    self.steps += steps
-    self.train_seconds += elapsed
-    return steps, real, elapsed
-
-  def evaluate(self, eval_batches) -> dict:
-    """Held-out metrics of the variant's params on `eval_batches()` (the same rows for all)."""
-    import jax
-    import flax.linen as nn
-    from bert_jax import evaluation
-    with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      outputs, sums = evaluation.evaluate(self.state.params, self.program.eval_step,
-                                          eval_batches(), self.mesh, self.config.seed,
-                                          keep_outputs=False)
-    return self.task.scores(outputs, sums, None).metrics
+  return Variant(name, config, workdir)
 
 
 def throughput(variants, reps: int, seconds: float) -> list[dict]:
@@ -123,45 +54,6 @@ def throughput(variants, reps: int, seconds: float) -> list[dict]:
   return results
 
 
-def time_to_accuracy(variants, eval_run, budget: float, every: float, slice_seconds: float):
-  """Alternating slices of training until each variant has `budget` seconds; eval at every
-  multiple of `every` seconds of its own training time."""
-  for variant in variants:
-    variant.reset()  # Not the throughput phase's weights.
-    variant.curve = [{"minutes": 0.0, "steps": 0, **variant.evaluate(eval_run)}]
-  while any(v.train_seconds < budget for v in variants):
-    for variant in variants:
-      if variant.train_seconds >= budget:
-        continue
-      next_eval = every * len(variant.curve)
-      left = min(next_eval, budget) - variant.train_seconds
-      variant.run(min(slice_seconds, left))
-      if variant.train_seconds >= next_eval - 1e-6 or variant.train_seconds >= budget:
-        report = variant.evaluate(eval_run)
-        variant.curve.append({"minutes": variant.train_seconds / 60, "steps": variant.steps,
-                              **report})
-        print(f"{variant.name}: {variant.train_seconds / 60:.1f} min, {variant.steps} steps, "
-              f"mlm_acc {report['mlm_accuracy']:.4f}", flush=True)
-  return [{"kind": "curve", "variant": v.name, "points": v.curve} for v in variants]
-
-
-def plot(curves, path: str) -> None:
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  figure, axis = plt.subplots(figsize=(6, 4))
-  for curve in curves:
-    axis.plot([p["minutes"] for p in curve["points"]],
-              [p["mlm_accuracy"] for p in curve["points"]], marker="o", label=curve["variant"])
-  axis.set_xlabel("training time (minutes, evaluation excluded)")
-  axis.set_ylabel("held-out MLM accuracy")
-  axis.set_title("configs/tiny.py on the built-in corpus")
-  axis.grid(alpha=0.3)
-  axis.legend()
-  figure.tight_layout()
-  figure.savefig(path, dpi=120)
-
-
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workdir", required=True, help="Prepared data is cached here.")
@@ -175,8 +67,9 @@ def main():
   args = parser.parse_args()
   from bert_jax.data import pipeline
 
-  variants = [Variant("unpacked (K=1)", 1, args.workdir),
-              Variant(f"packed (K={args.examples_per_row})", args.examples_per_row, args.workdir)]
+  variants = [_variant("unpacked (K=1)", 1, args.workdir),
+              _variant(f"packed (K={args.examples_per_row})", args.examples_per_row,
+                       args.workdir)]
   unpacked = variants[0]
   eval_run = (  # The unpacked split's rows: the same held-out examples for both variants.
       lambda: pipeline.make_eval_batches(
@@ -185,13 +78,15 @@ def main():
   results = throughput(variants, args.reps, args.seconds_per_rep)
   for row in results:
     print(json.dumps(row), flush=True)
-  results += time_to_accuracy(variants, eval_run, args.budget_minutes * 60,
-                              args.eval_every_minutes * 60, args.slice_seconds)
+  results += race(variants, eval_run, args.slice_seconds,
+                  budget_seconds=args.budget_minutes * 60,
+                  every_seconds=args.eval_every_minutes * 60)
   os.makedirs(RESULTS, exist_ok=True)
   with open(os.path.join(RESULTS, "packing.jsonl"), "w") as f:
     f.writelines(json.dumps(row) + "\n" for row in results)
   curves = [r for r in results if r["kind"] == "curve"]
-  plot(curves, os.path.join(RESULTS, "packing_time_to_accuracy.png"))
+  plot(curves, os.path.join(RESULTS, "packing_time_to_accuracy.png"),
+       "configs/tiny.py on the built-in corpus")
   base, packed = results[0], results[1]
   print("\n| variant | fill | slot tokens/s | real tokens/s |")
   print("|---|---|---|---|")
