@@ -214,7 +214,8 @@ _TFDS_FIELDS = {
     "glue/rte": ("sentence1", "sentence2"), "glue/wnli": ("sentence1", "sentence2"),
     "glue/qqp": ("question1", "question2"), "glue/qnli": ("question", "sentence"),
     "glue/mnli": ("premise", "hypothesis"), "imdb_reviews": ("text", None),
-    "squad": ("question", "context"),
+    "squad": ("question", "context"), "squad/v1.1": ("question", "context"),
+    "squad/v2.0": ("question", "context"),
 }
 
 
@@ -228,10 +229,24 @@ def _decoded(value):
   return value
 
 
+# TFDS builders that `tfds.data_source(name)` does not find until their module is imported
+# (TFDS registers `glue` lazily: "Dataset glue not found" otherwise).
+_TFDS_BUILDER_MODULES = {"glue": "tensorflow_datasets.text.glue"}
+
+
+def register_tfds_builder(name: str) -> None:
+  """Imports the module of `name`'s TFDS builder where TFDS does not do it itself."""
+  import importlib
+  module = _TFDS_BUILDER_MODULES.get(name.split("/")[0].split(":")[0])
+  if module:
+    importlib.import_module(module)
+
+
 def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Record]:
   """Records of a TFDS dataset through `tfds.data_source` (random access; it downloads and
   prepares the dataset in ArrayRecord format on first use, so it needs internet access then):
-  GLUE tasks, imdb_reviews, squad (v1.1 layout). Class labels keep their TFDS names."""
+  GLUE tasks, imdb_reviews, squad (v1.1 layout; squad/v2.0 adds is_impossible). Class labels
+  keep their TFDS names."""
   import tensorflow_datasets as tfds
 
   key = next((k for k in _TFDS_FIELDS if name == k or name.startswith(k + ":")), None)
@@ -239,6 +254,7 @@ def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Record
     raise ValueError(f"TFDS dataset {name!r} has no field mapping; supported: "
                      f"{sorted(_TFDS_FIELDS)} (or export it to JSONL)")
   text_field, text_b_field = _TFDS_FIELDS[key]
+  register_tfds_builder(name)
   source = tfds.data_source(name, split=split, data_dir=data_dir)
   features = source.dataset_info.features
   names = getattr(features["label"], "names", None) if "label" in features.keys() else None
@@ -252,6 +268,8 @@ def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Record
       answers = item["answers"]
       fields["answers"] = [{"text": t, "answer_start": int(s)} for t, s in
                            zip(_decoded(answers["text"]), _decoded(answers["answer_start"]))]
+    if "is_impossible" in item:  # squad/v2.0: a numpy bool here, a JSON bool in a record.
+      fields["is_impossible"] = bool(item["is_impossible"])
     if "label" in item:
       label = _decoded(item["label"])
       fields["label"] = names[int(label)] if names and int(label) >= 0 else label

@@ -1,14 +1,25 @@
-"""Extractive question answering (SQuAD v1.1 layout), as google-research/bert's run_squad.py.
+"""Extractive question answering (SQuAD v1.1 and v2.0 layouts), as google-research/bert's
+run_squad.py.
 
 Records: `text` (the question), `text_b` (the passage) and `answers`, a list of {"text",
 "answer_start"} with character offsets into the passage. A passage is never truncated: it
 becomes one or more windows ("features", one model row each) of [CLS] question [SEP]
 passage-window [SEP], stepping by `doc_stride` pieces (`doc_spans`). A window that does not hold
-the whole answer is trained to point at [CLS]. Decoding (`write_predictions`): the best start <=
-end by start + end logit over all windows of a question, inside a window's passage, at most
+the whole answer is trained to point at [CLS]. Decoding (`predictions`): the best start <= end
+by start + end logit over all windows of a question, inside a window's passage, at most
 `max_answer_length` pieces, the start only in the window where that piece has its maximum
 context (`max_context_windows`); mapped back to passage characters. SQuAD's exact match and F1
-are scored once per question.
+are scored once per question, as fractions in [0, 1] (`squad_scores`).
+
+SQuAD 2.0 (`version_2_with_negative`, run_squad's flag): a question with an empty `answers`
+list, or "is_impossible": true (SQuAD 2.0's JSON and TFDS's squad/v2.0 mark them so), is
+trained to [CLS] in every one of its windows. Prediction (run_squad's write_predictions) takes
+the null score, the least [CLS] start + end logit over the question's windows
+(`null_scores`), and answers "" when null - best span score > `null_score_diff_threshold`; each
+prediction keeps that difference (run_squad's null_odds.json). Scores are those of the official
+evaluate-v2.0.py given the differences as na_probs (`squad_v2_scores`: HasAns_* / NoAns_*, the
+best thresholds), as fractions too. Without the flag, a training question without an answer is
+an error and an eval one is scored against "" (v1.1).
 
 Offsets: the passage is split on whitespace and each word encoded on its own, so every piece
 maps back to characters of the passage (`finetune_data.piece_spans`). The encoded data is a
@@ -19,7 +30,7 @@ import collections
 import dataclasses
 import re
 import string
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 import flax.linen as nn
 import jax
@@ -82,9 +93,12 @@ class QAData(TaskData):
   num_dropped: int = 0  # Training questions left out: their answer maps to no piece.
   windows: list[Window] = dataclasses.field(default_factory=list)  # One per row.
   num_split: int = 0  # Questions whose passage took more than one window.
+  # Questions without an answer (with version_2_with_negative their windows target [CLS]).
+  num_impossible: int = 0
 
   def counts(self) -> dict[str, int]:
-    return {**super().counts(), "dropped": self.num_dropped, "split": self.num_split}
+    return {**super().counts(), "dropped": self.num_dropped, "split": self.num_split,
+            "impossible": self.num_impossible}
 
 
 def doc_spans(num_pieces: int, max_tokens_for_doc: int,
@@ -121,6 +135,27 @@ def max_context_windows(spans: Sequence[tuple[int, int]], num_pieces: int) -> np
   return best
 
 
+# The target pieces of an unanswerable question (SQuAD 2.0): pieces no window holds, so every
+# window points at [CLS] (`_add_targets`), as run_squad's tok_start_position =
+# tok_end_position = -1 then start_position = end_position = 0 for is_impossible.
+IMPOSSIBLE = (-1, -1)
+
+
+def is_impossible(record: Record, answers: list) -> bool:
+  """Whether a SQuAD 2.0 record has no answer in its passage: an empty `answers` list, or
+  "is_impossible": true (SQuAD 2.0's JSON and TFDS squad/v2.0 mark those questions so; both
+  at once contradict each other: run_squad would ignore the answers, the official evaluation
+  would score them)."""
+  flag = record[2].get("is_impossible", False)
+  if not isinstance(flag, bool):
+    raise ValueError(f"{finetune_data.where(record)}: field 'is_impossible' should be true or "
+                     f"false, got {flag!r}")
+  if flag and answers:
+    raise ValueError(f"{finetune_data.where(record)}: 'is_impossible' is true but 'answers' is "
+                     "not empty")
+  return flag or not answers
+
+
 def _answer_pieces(record: Record, context: str, spans: Sequence[tuple[int, int]],
                    answers: list) -> tuple[int, int] | None:
   """Checks the answers; -> (first, last) passage piece of the first one, None if it covers
@@ -151,6 +186,16 @@ def _passage_pieces(vocab: Vocab, context: str) -> tuple[list[int], list[tuple[i
     ids.extend(pieces)
     spans.extend((start + a, start + b) for a, b in finetune_data.piece_spans(vocab, word, pieces))
   return ids, spans
+
+
+class Span(NamedTuple):
+  """A question's best span: its score (start + end logit, float64), its first and last
+  passage piece, and the two logits (run_squad's score difference subtracts them one by one)."""
+  score: float
+  first: int
+  last: int
+  start_logit: float
+  end_logit: float
 
 
 @dataclasses.dataclass
@@ -189,6 +234,21 @@ def best_span(start_logits: np.ndarray, end_logits: np.ndarray, context_mask: np
   return int(start), int(start + extra), float(scores[start, extra])
 
 
+def null_scores(start_logits: np.ndarray, end_logits: np.ndarray, examples: Sequence[int],
+                num_examples: int) -> np.ndarray:
+  """[N, L] logits of the rows and the question of each row -> [num_examples] float64: each
+  question's null score, run_squad's score_null: the least [CLS] (position 0) start + end logit
+  over its windows (+inf for a question without rows; every encoded question has one)."""
+  row_null = (np.asarray(start_logits)[:, 0].astype(np.float64)
+              + np.asarray(end_logits)[:, 0].astype(np.float64))  # [N]
+  scores = np.full((num_examples,), np.inf)
+  np.minimum.at(scores, np.asarray(examples, np.int64), row_null)
+  return scores
+
+
+# ------------------------------------------------------------------------------ scoring
+
+
 def normalize_answer(text: str) -> str:
   """SQuAD's normalisation: lowercase, no punctuation, no articles, single spaces."""
   text = "".join(c for c in text.lower() if c not in set(string.punctuation))
@@ -216,6 +276,91 @@ def squad_scores(predicted: Sequence[str], answers: Sequence[Sequence[str]]) -> 
           "f1": float(np.mean(f1)) if f1 else 0.0}
 
 
+def compute_exact(gold: str, prediction: str) -> int:
+  """evaluate-v2.0.py's exact match of one gold answer."""
+  return int(normalize_answer(gold) == normalize_answer(prediction))
+
+
+def compute_f1(gold: str, prediction: str) -> float:
+  """evaluate-v2.0.py's token F1 of one gold answer: unlike v1.1, two empty answers agree (1),
+  which is how a correct "no answer" scores."""
+  gold_tokens = normalize_answer(gold).split()
+  predicted_tokens = normalize_answer(prediction).split()
+  if not gold_tokens or not predicted_tokens:
+    return float(gold_tokens == predicted_tokens)
+  common = sum((collections.Counter(gold_tokens) & collections.Counter(predicted_tokens)).values())
+  if common == 0:
+    return 0.0
+  precision, recall = common / len(predicted_tokens), common / len(gold_tokens)
+  return 2 * precision * recall / (precision + recall)
+
+
+def _raw_scores(predicted: Sequence[str],
+                answers: Sequence[Sequence[str]]) -> tuple[list[float], list[float]]:
+  """evaluate-v2.0.py's get_raw_scores: per question the max over its gold answers that do
+  not normalise to "" ([""] when none is left: a question without an answer)."""
+  exact, f1 = [], []
+  for prediction, truths in zip(predicted, answers):
+    golds = [t for t in truths if normalize_answer(t)] or [""]
+    exact.append(max(compute_exact(g, prediction) for g in golds))
+    f1.append(max(compute_f1(g, prediction) for g in golds))
+  return exact, f1
+
+
+def _apply_no_ans_threshold(scores: Sequence[float], na_probs: Sequence[float],
+                            has_answer: Sequence[bool], na_prob_thresh: float) -> list[float]:
+  """evaluate-v2.0.py's: a question whose na_prob exceeds the threshold counts as answered ""
+  (1 if it has no answer, else 0), whatever its prediction."""
+  return [float(not has) if na_prob > na_prob_thresh else score
+          for score, na_prob, has in zip(scores, na_probs, has_answer)]
+
+
+def _mean(values: Sequence[float]) -> float:
+  return sum(values) / len(values) if values else 0.0
+
+
+def find_best_thresh(predicted: Sequence[str], scores: Sequence[float],
+                     na_probs: Sequence[float], has_answer: Sequence[bool]) -> tuple[float, float]:
+  """evaluate-v2.0.py's find_best_thresh -> (best score as a fraction, its na_prob threshold):
+  from every question answered "" (the unanswerable ones right), questions turn to their
+  prediction in increasing na_prob (ties in question order); the first best total wins."""
+  current = best = sum(not has for has in has_answer)
+  best_thresh = 0.0
+  for i in sorted(range(len(na_probs)), key=lambda i: na_probs[i]):
+    if has_answer[i]:
+      diff = scores[i]
+    else:
+      diff = -1 if predicted[i] else 0
+    current += diff
+    if current > best:
+      best, best_thresh = current, na_probs[i]
+  return (best / len(scores) if scores else 0.0), best_thresh
+
+
+def squad_v2_scores(predicted: Sequence[str], answers: Sequence[Sequence[str]],
+                    na_probs: Sequence[float], na_prob_thresh: float = 1.0) -> dict[str, float]:
+  """The official evaluate-v2.0.py run with an na_prob file (`na_probs`: one value per
+  question, here run_squad's null score differences) and --na-prob-thresh, its scores as
+  fractions in [0, 1] where it prints percentages, and "exact_match" for its "exact" (the v1.1
+  name). A question has an answer when its `answers` list is not empty (make_qid_to_has_ans).
+  HasAns_* / NoAns_* are left out, as there, when no question is of that kind."""
+  has_answer = [bool(truths) for truths in answers]
+  exact_raw, f1_raw = _raw_scores(predicted, answers)
+  exact = _apply_no_ans_threshold(exact_raw, na_probs, has_answer, na_prob_thresh)
+  f1 = _apply_no_ans_threshold(f1_raw, na_probs, has_answer, na_prob_thresh)
+  result = {"exact_match": _mean(exact), "f1": _mean(f1)}
+  for prefix, kind in (("HasAns", True), ("NoAns", False)):
+    ids = [i for i, has in enumerate(has_answer) if has == kind]
+    if ids:
+      result.update({f"{prefix}_exact": _mean([exact[i] for i in ids]),
+                     f"{prefix}_f1": _mean([f1[i] for i in ids]), f"{prefix}_total": len(ids)})
+  result["best_exact"], result["best_exact_thresh"] = find_best_thresh(
+      predicted, exact_raw, na_probs, has_answer)
+  result["best_f1"], result["best_f1_thresh"] = find_best_thresh(
+      predicted, f1_raw, na_probs, has_answer)
+  return result
+
+
 # --------------------------------------------------------------------------------- task
 
 
@@ -224,12 +369,24 @@ class QASettings(FinetuneSettings):
   max_query_length: int  # Pieces of a question kept.
   doc_stride: int  # Pieces between the starts of a passage's windows.
   max_answer_length: int  # Longest predicted answer, in pieces.
+  # SQuAD 2.0: questions without an answer train to [CLS]; prediction may answer "".
+  version_2_with_negative: bool = False
+  # Answer "" when the null score exceeds the best span's score by more than this.
+  null_score_diff_threshold: float = 0.0
 
   @classmethod
   def config_values(cls, config) -> dict[str, Any]:
     data = config.data
     return {**super().config_values(config), "max_query_length": data.max_query_length,
-            "doc_stride": data.doc_stride, "max_answer_length": data.max_answer_length}
+            "doc_stride": data.doc_stride, "max_answer_length": data.max_answer_length,
+            "version_2_with_negative": bool(data.version_2_with_negative),
+            "null_score_diff_threshold": float(data.null_score_diff_threshold)}
+
+  @classmethod
+  def from_meta(cls, meta: dict[str, Any]) -> "QASettings":
+    # Checkpoints from before SQuAD 2.0 record neither field: they are v1.1 models.
+    return super().from_meta({"version_2_with_negative": False,
+                              "null_score_diff_threshold": 0.0, **meta})
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +426,7 @@ class QATask(FinetuneTask):
              is_training: bool = False) -> QAData:
     """Every question's windows as rows (see the module docstring); a training question whose
     answer covers no piece is left out (counted in num_dropped), as run_squad skips it."""
-    rows, examples, truncated, dropped, split = _Rows(), [], 0, 0, 0
+    rows, examples, truncated, dropped, split, impossible = _Rows(), [], 0, 0, 0, 0
     for record in records:
       question, context = finetune_data.field(record, "text"), finetune_data.field(record, "text_b")
       question_ids = vocab.encode(question)
@@ -278,10 +435,8 @@ class QATask(FinetuneTask):
       context_ids, spans = _passage_pieces(vocab, context)
       answer, gold = None, []
       if with_labels:
-        answers = finetune_data.field(record, "answers", list)
-        if is_training and not answers:
-          raise ValueError(f"{finetune_data.where(record)}: a training example needs an answer")
-        answer, gold = _answer_pieces(record, context, spans, answers), [a["text"] for a in answers]
+        answer, gold = self._gold(record, context, spans, is_training)
+        impossible += not gold
         if is_training and answer is None:
           dropped += 1  # Nothing to point at (run_squad skips it too).
           continue
@@ -294,7 +449,22 @@ class QATask(FinetuneTask):
     arrays = {name: np.stack(value) if name in self.input_names else
               np.asarray(value, np.float32 if name == "answer_weight" else np.int32)
               for name, value in rows.columns.items()}
-    return QAData(records[0][0], arrays, examples, truncated, dropped, rows.windows, split)
+    return QAData(records[0][0], arrays, examples, truncated, dropped, rows.windows, split,
+                  num_impossible=impossible)
+
+  def _gold(self, record: Record, context: str, spans: Sequence[tuple[int, int]],
+            is_training: bool) -> tuple[tuple[int, int] | None, list[str]]:
+    """-> (target pieces: the first answer's (first, last), IMPOSSIBLE for a SQuAD 2.0 question
+    without an answer, None when the answer covers no piece or (v1.1 eval) there is none; the
+    gold answer texts, [] for a question without an answer)."""
+    answers = finetune_data.field(record, "answers", list)
+    if self.settings.version_2_with_negative and is_impossible(record, answers):
+      return IMPOSSIBLE, []
+    if is_training and not answers:
+      raise ValueError(f"{finetune_data.where(record)}: a training example needs an answer "
+                       "(its 'answers' is empty); for SQuAD 2.0 questions without one set "
+                       "config.data.version_2_with_negative=True")
+    return _answer_pieces(record, context, spans, answers), [a["text"] for a in answers]
 
   def _add_windows(self, rows: _Rows, record: Record, example: int, vocab: Vocab,
                    question_ids: list[int], context_ids: list[int],
@@ -329,8 +499,9 @@ class QATask(FinetuneTask):
   def _add_targets(rows: _Rows, answer: tuple[int, int] | None, doc_start: int, doc_length: int,
                    offset: int) -> None:
     """run_squad's is_training targets: the answer's pieces when the window holds all of them,
-    else [CLS] (position 0; the head leaves it unmasked for this). Eval rows get the same
-    targets, so the validation loss measures what training minimises."""
+    else [CLS] (position 0; the head leaves it unmasked for this), in every window for an
+    IMPOSSIBLE answer. Eval rows get the same targets, so the validation loss measures what
+    training minimises."""
     inside = answer is not None and answer[0] >= doc_start and \
         answer[1] < doc_start + doc_length
     rows.columns["start_positions"].append(offset + answer[0] - doc_start if inside else 0)
@@ -350,8 +521,21 @@ class QATask(FinetuneTask):
     """One {"answer", "start", "end", "score"} per question of `data` (start, end: characters
     of its passage; "" and -1 when no window has a valid span), over all of its windows: each
     window's best valid span (`best_span`, starts where the piece has its maximum context),
-    the best of them by score (an earlier window wins a tie)."""
-    best: list[tuple[float, int, int] | None] = [None] * len(data.examples)  # Score, pieces.
+    the best of them by score (an earlier window wins a tie). With version_2_with_negative also
+    "null_score" and "score_diff" (null - best span score; +inf without a span), and the
+    answer is "" (start, end -1; "score" still the best span's) when score_diff >
+    null_score_diff_threshold, as run_squad's write_predictions."""
+    best = self._best_spans(outputs, data)
+    if not self.settings.version_2_with_negative:
+      return [self._answer(example, found) for example, found in zip(data.examples, best)]
+    null = null_scores(outputs["start_logits"], outputs["end_logits"],
+                       [window.example for window in data.windows], len(data.examples))
+    return [self._answer_or_null(example, found, float(score))
+            for example, found, score in zip(data.examples, best, null)]
+
+  def _best_spans(self, outputs: dict[str, np.ndarray], data: QAData) -> list[Span | None]:
+    """Per question its best valid span over its windows, None when no window has one."""
+    best: list[Span | None] = [None] * len(data.examples)
     context_mask = data.arrays["context_mask"]  # [N, L]
     for row, window in enumerate(data.windows):
       max_context = np.zeros(context_mask.shape[1], bool)  # [L]
@@ -360,28 +544,55 @@ class QATask(FinetuneTask):
                                     context_mask[row], self.settings.max_answer_length,
                                     max_context)
       current = best[window.example]
-      if start >= 0 and (current is None or score > current[0]):
+      if start >= 0 and (current is None or score > current.score):
         # Row positions -> passage pieces of the question.
-        best[window.example] = (score, window.doc_start + start - window.offset,
-                                window.doc_start + end - window.offset)
-    return [self._answer(example, found) for example, found in zip(data.examples, best)]
+        best[window.example] = Span(score, window.doc_start + start - window.offset,
+                                    window.doc_start + end - window.offset,
+                                    float(outputs["start_logits"][row][start]),
+                                    float(outputs["end_logits"][row][end]))
+    return best
+
+  def _answer_or_null(self, example: dict[str, Any], found: Span | None,
+                      null_score: float) -> dict[str, Any]:
+    """run_squad's version_2_with_negative choice. Its n-best list always holds the null entry,
+    so the best non-null entry is the best span (n_best_size >= 2); without any span it has
+    none and run_squad fails (None.start_logit): here the difference is +inf and the answer
+    "", whatever the threshold."""
+    if found is None:
+      best_score, score_diff = float("-inf"), float("inf")
+    else:  # run_squad's order of operations, so that a threshold equal to it compares alike.
+      best_score, score_diff = found.score, null_score - found.start_logit - found.end_logit
+    abstain = score_diff > self.settings.null_score_diff_threshold
+    return {**self._answer(example, None if abstain else found), "score": best_score,
+            "null_score": null_score, "score_diff": score_diff}
 
   @staticmethod
-  def _answer(example: dict[str, Any], found: tuple[float, int, int] | None) -> dict[str, Any]:
+  def _answer(example: dict[str, Any], found: Span | None) -> dict[str, Any]:
     if found is None:
       return {"answer": "", "start": -1, "end": -1, "score": float("-inf")}
-    score, first, last = found
+    score, first, last = found.score, found.first, found.last
     char_start = int(example["piece_spans"][first][0])
     char_end = int(example["piece_spans"][last][1])
     return {"answer": example["context"][char_start:char_end], "start": char_start,
             "end": char_end, "score": score}
 
   def score(self, predicted: list[dict[str, Any]], data: QAData) -> dict[str, float]:
-    return squad_scores([p["answer"] for p in predicted], [e["answers"] for e in data.examples])
+    """SQuAD v1.1's exact_match and f1; with version_2_with_negative the official v2.0
+    evaluation with the score differences as na_probs, thresholded where the predictions
+    were (so exact_match and f1 score the answers given; at the official default of 1.0 they
+    would override spans of differences in (1, threshold] when the threshold is above 1)."""
+    texts, answers = [p["answer"] for p in predicted], [e["answers"] for e in data.examples]
+    if not self.settings.version_2_with_negative:
+      return squad_scores(texts, answers)
+    return squad_v2_scores(texts, answers, [p["score_diff"] for p in predicted],
+                           self.settings.null_score_diff_threshold)
 
   def scores(self, outputs, sums, data: QAData):
     scores = super().scores(outputs, sums, data)
     scores.counts["windows"] = len(data)  # Model rows: a question's passage may take several.
+    for name in ("HasAns_total", "NoAns_total"):  # SQuAD 2.0's question counts, not metrics.
+      if name in scores.metrics:
+        scores.counts[name] = scores.metrics.pop(name)
     return scores
 
   def main_metric(self) -> str:
@@ -393,6 +604,8 @@ class QATask(FinetuneTask):
             f"{self.settings.doc_stride}); {data.num_split} passages took several windows; "
             f"{data.num_truncated} questions cut to "
             f"max_query_length={self.settings.max_query_length}")
+    if data.num_impossible:
+      line += f"; {data.num_impossible} without an answer"
     if data.num_dropped:
       line += f"; {data.num_dropped} examples dropped: their answer covers no piece"
     return line
