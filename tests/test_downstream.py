@@ -1,0 +1,401 @@
+"""`launch/downstream.py` and `bert_jax/downstream.py`: a GLUE suite end to end on TFDS's mock
+data (real GLUE feature specs) with a tiny encoder, killed and restarted without redoing a
+finished run; the official metrics against scikit-learn and scipy; the learning rate chosen by
+the median over seeds and BERT's GLUE average; device groups; the recipe's configs; bad flags in
+one line."""
+
+import json
+import os
+import random
+import signal
+import subprocess
+import sys
+import types
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+import scipy.stats
+import sklearn.metrics
+from absl import flags
+
+from bert_jax import downstream, downstream_tasks as suites, weights
+from bert_jax.data.vocab import Vocab
+from bert_jax.model import BertConfig, BertModel
+from configs import finetune_base
+from tests.suite_flags import xla_flags
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAUNCHER = os.path.join(ROOT, "launch", "downstream.py")
+
+# The launcher under `tfds.testing.mock_data` (no download): examples drawn from the real
+# builders' feature specs. mock_data gives scalar features as 0-d arrays where a prepared
+# ArrayRecord dataset gives Python scalars; the wrapper gives scalars, as the real data does.
+MOCKED = """
+import runpy, sys
+import numpy as np
+import tensorflow_datasets as tfds
+
+class Scalars:
+  def __init__(self, source):
+    self.source, self.dataset_info = source, source.dataset_info
+  def __len__(self):
+    return len(self.source)
+  def __getitem__(self, i):
+    return {k: v.item() if isinstance(v, np.ndarray) and v.ndim == 0 else v
+            for k, v in self.source[i].items()}
+
+sys.argv = sys.argv[1:]
+with tfds.testing.mock_data(num_examples=64, policy=tfds.testing.MockPolicy.USE_CODE):
+  mocked = tfds.data_source
+  tfds.data_source = lambda *args, **kwargs: Scalars(mocked(*args, **kwargs))
+  runpy.run_path(sys.argv[0], run_name="__main__")
+"""
+
+
+def _command(*args, mocked: bool = False) -> list[str]:
+  return [sys.executable, *(["-c", MOCKED] if mocked else []), LAUNCHER, *args]
+
+
+def _env() -> dict[str, str]:
+  return dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
+
+
+@pytest.fixture(scope="module")
+def encoder(tmp_path_factory) -> str:
+  """A tiny random encoder as a bert_jax pretrained directory, its WordPiece vocabulary the
+  letters of mock_data's text (a-j) as words and continuations."""
+  directory = tmp_path_factory.mktemp("encoder")
+  letters = "abcdefghij"
+  with open(directory / "vocab.txt", "w") as f:
+    f.write("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters,
+                       *("##" + c for c in letters)]) + "\n")
+  vocab = Vocab.load(str(directory / "vocab.txt"))
+  config = BertConfig(vocab_size=vocab.size, hidden_size=32, num_hidden_layers=1,
+                      num_attention_heads=2, intermediate_size=64, max_position_embeddings=64)
+  ids = jnp.zeros((1, 8), jnp.int32)
+  params = nn.unbox(BertModel(config, add_pooling_layer=True).init(
+      jax.random.key(0), ids, ids, jnp.ones_like(ids))["params"])
+  return weights.save_pretrained(str(directory / "pretrained"), {"bert": params}, config, vocab)
+
+
+# ------------------------------------------------------------------------------ end to end
+
+
+def test_glue_suite_runs_tabulates_and_resumes_after_a_kill(encoder, tmp_path):
+  output = tmp_path / "glue"
+  args = _command(f"--checkpoint={encoder}", "--suite=glue", "--tasks=mrpc,stsb,mnli",
+                  "--learning_rates=1e-3", "--seeds=1", f"--output_dir={output}",
+                  "--config.data.max_seq_length=32", "--config.logging.tensorboard=false",
+                  mocked=True)
+  # Killed hard once the second run has started: the first one is finished by then.
+  process = subprocess.Popen(args, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True)
+  seen = ""
+  for line in process.stdout:
+    seen += line
+    if line.startswith("[2/3] stsb"):
+      break
+  process.kill()
+  process.wait()
+  assert "[2/3] stsb lr 0.001 seed 0: fine-tuning" in seen, seen[-3000:]
+  first = output / "runs" / "mrpc" / "lr0.001_seed0"
+  stamps = {name: os.stat(first / name).st_mtime_ns
+            for name in ("final_eval.json", downstream.SCORES_FILE, "metrics.jsonl")}
+
+  resumed = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True,
+                           timeout=300)
+  assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
+  assert f"[1/3] mrpc lr 0.001 seed 0: finished already ({first})" in resumed.stdout
+  assert "[2/3] stsb lr 0.001 seed 0: fine-tuning" in resumed.stdout
+  assert {name: os.stat(first / name).st_mtime_ns for name in stamps} == stamps
+
+  results = json.load(open(output / downstream.RESULTS_JSON))
+  assert list(results["tasks"]) == ["mrpc", "stsb", "mnli"]
+  for task, metrics in (("mrpc", ["f1", "accuracy"]), ("stsb", ["spearman", "pearson"]),
+                        ("mnli", ["accuracy_m", "accuracy_mm"])):
+    summary = results["tasks"][task]
+    run = summary["runs"]["0.001"]["0"]
+    assert summary["metrics"] == metrics and summary["chosen_lr"] == 1e-3
+    assert summary["seeds"] == 1 and run["steps"] == 6  # int(64 / 32 x 3 epochs).
+    assert run["workdir"] == str(output / "runs" / task / "lr0.001_seed0")
+    assert summary["median"] == {m: run["scores"][m] for m in metrics}
+    # The dev split scored from the best export agrees with the trainer's own evaluation.
+    best = json.load(open(os.path.join(run["workdir"], "final_eval.json")))["best"]
+    trainer_metric, ours = ("pearson", "pearson") if task == "stsb" else (
+        "accuracy", "accuracy_m" if task == "mnli" else "accuracy")
+    assert run["scores"][ours] == pytest.approx(best[trainer_metric], abs=1e-5)
+  assert "mcc" in results["tasks"]["mrpc"]["runs"]["0.001"]["0"]["scores"]
+  average = results["glue_average"]
+  assert not average["complete"] and average["left_out"] == ["wnli"]
+  parts = [results["tasks"][t]["median"][m] for t, m in (
+      ("mnli", "accuracy_m"), ("mnli", "accuracy_mm"), ("stsb", "spearman"), ("mrpc", "f1"))]
+  assert average["value"] == pytest.approx(np.mean(parts))
+
+  table = open(output / downstream.RESULTS_MD).read()
+  mrpc = results["tasks"]["mrpc"]["median"]
+  assert (f"| mrpc | F1 / acc | 0.001 | {100 * mrpc['f1']:.1f} / {100 * mrpc['accuracy']:.1f} "
+          "| 1 |") in table
+  assert "| mnli | acc (m) / acc (mm) | 0.001 |" in table
+  assert "| stsb | Spearman / Pearson | 0.001 |" in table
+  assert f"GLUE average: {100 * average['value']:.1f}" in table
+  assert "Left out: WNLI, as BERT did." in table
+
+
+# --------------------------------------------------------------------------------- metrics
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_glue_metrics_match_scikit_learn_and_scipy(seed):
+  rng = np.random.default_rng(seed)
+  for num_labels in (2, 3):
+    spec = suites.GLUE["mrpc" if num_labels == 2 else "mnli"]
+    gold = rng.integers(0, num_labels, 200)
+    # Predictions right 60% of the time, random otherwise.
+    predicted = np.where(rng.random(200) < 0.6, gold, rng.integers(0, num_labels, 200))
+    scores = suites.glue_scores(spec, predicted, gold)
+    assert scores["mcc"] == pytest.approx(sklearn.metrics.matthews_corrcoef(gold, predicted))
+    assert scores["accuracy"] == pytest.approx(sklearn.metrics.accuracy_score(gold, predicted))
+    average = "binary" if num_labels == 2 else "macro"
+    assert scores["f1"] == pytest.approx(sklearn.metrics.f1_score(gold, predicted,
+                                                                  average=average))
+  # Degenerate: one class predicted (MCC undefined -> 0.0, as scikit-learn).
+  gold = rng.integers(0, 2, 50)
+  assert suites.matthews_corrcoef(np.zeros(50, int), gold) == sklearn.metrics.matthews_corrcoef(
+      gold, np.zeros(50, int)) == 0.0
+
+  gold = rng.normal(size=300)
+  for predicted in (gold + rng.normal(size=300), np.round(gold * 2) / 2):  # ties: rounded
+    gold_with_ties = np.round(gold, 1)
+    scores = suites.glue_scores(suites.GLUE["stsb"], predicted, gold_with_ties)
+    assert scores["pearson"] == pytest.approx(scipy.stats.pearsonr(predicted,
+                                                                   gold_with_ties)[0])
+    assert scores["spearman"] == pytest.approx(scipy.stats.spearmanr(predicted,
+                                                                     gold_with_ties)[0])
+  values = rng.integers(0, 5, 40).astype(float)
+  np.testing.assert_allclose(suites.average_ranks(values), scipy.stats.rankdata(values))
+
+
+def test_glue_labels_and_splits_are_those_of_tfds():
+  suites.register_tfds_builders()
+  from tensorflow_datasets.text import glue  # pylint: disable=g-import-not-at-top
+  configs = {config.name: config for config in glue.Glue.BUILDER_CONFIGS}
+  for name, spec in suites.GLUE.items():
+    assert tuple(configs[name].label_classes or ()) == spec.labels, name
+    assert spec.regression == (name == "stsb")
+  assert set(suites.GLUE) == set(configs) - {"wnli", "ax", "mnli_matched", "mnli_mismatched"}
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def _records(task, scores_by_lr):
+  return {downstream.Run(task, lr, seed): {"scores": scores, "steps": 10, "workdir": "w"}
+          for lr, per_seed in scores_by_lr.items() for seed, scores in enumerate(per_seed)}
+
+
+def test_the_learning_rate_is_chosen_by_the_median_over_seeds():
+  # 3e-5 has the best single run and the best mean, 2e-5 the best median.
+  records = _records("mrpc", {
+      2e-5: [{"f1": 0.80, "accuracy": 0.70}, {"f1": 0.81, "accuracy": 0.74},
+             {"f1": 0.79, "accuracy": 0.72}],
+      3e-5: [{"f1": 0.99, "accuracy": 0.99}, {"f1": 0.40, "accuracy": 0.50},
+             {"f1": 0.78, "accuracy": 0.60}]})
+  results = downstream.summarize("glue", "ckpt", [suites.GLUE["mrpc"]], records,
+                                 [2e-5, 3e-5], 3)
+  mrpc = results["tasks"]["mrpc"]
+  assert mrpc["chosen_lr"] == 2e-5 and mrpc["seeds"] == 3
+  assert mrpc["median"] == {"f1": 0.80, "accuracy": 0.72}  # Each metric's own median.
+  assert mrpc["median_main_by_lr"] == {"2e-05": 0.80, "3e-05": 0.78}
+  assert mrpc["runs"]["3e-05"]["1"]["scores"]["f1"] == 0.40
+  assert downstream.choose_learning_rate({1e-5: [0.5, 0.5], 2e-5: [0.5, 0.5]}) == 1e-5
+
+
+def test_the_glue_average_is_berts():
+  # BERT-Base's Table 1 scores give its average, 79.6 (WNLI left out).
+  paper = {("mnli", "accuracy_m"): 84.6, ("mnli", "accuracy_mm"): 83.4, ("qqp", "f1"): 71.2,
+           ("qnli", "accuracy"): 90.5, ("sst2", "accuracy"): 93.5, ("cola", "mcc"): 52.1,
+           ("stsb", "spearman"): 85.8, ("mrpc", "f1"): 88.9, ("rte", "accuracy"): 66.4}
+  records = {}
+  for spec in suites.GLUE.values():
+    scores = {m: paper.get((spec.name, m), 50.0) / 100 for m in spec.metrics}
+    records.update(_records(spec.name, {2e-5: [scores]}))
+  results = downstream.summarize("glue", "ckpt", list(suites.GLUE.values()), records, [2e-5], 1)
+  assert results["glue_average"]["complete"]
+  assert round(100 * results["glue_average"]["value"], 1) == 79.6
+  table = downstream.markdown(results)
+  assert "GLUE average: 79.6" in table and "partial" not in table
+  assert "| cola | MCC | 2e-05 | 52.1 | 1 | 2e-05: 52.1 |" in table
+
+
+# ------------------------------------------------------------------------ devices, plan
+
+
+def test_devices_split_into_groups_and_runs_spread_longest_first():
+  assert downstream.device_groups(8, 0) == [tuple(range(8))]
+  assert downstream.device_groups(8, 2) == [(0, 1), (2, 3), (4, 5), (6, 7)]
+  assert downstream.device_groups(4, 1) == [(0,), (1,), (2,), (3,)]
+  for bad in (3, 16):
+    with pytest.raises(ValueError, match=f"--devices_per_run={bad} does not divide the 8"):
+      downstream.device_groups(8, bad)
+  # MNLI-like runs (cost 100) and RTE-like ones (cost 1): the long ones first, one per group.
+  costs = [100, 100, 100, 1, 1, 1, 1, 1, 1]
+  shares = downstream.assign_runs(costs, 3)
+  assert sorted(i for share in shares for i in share) == list(range(len(costs)))
+  assert [sum(costs[i] for i in share) for share in shares] == [102, 102, 102]
+  assert all(share == sorted(share) for share in shares)  # Plan order within a group.
+  assert downstream.assign_runs([5, 4, 3, 3, 3], 2) == [[0, 3], [1, 2, 4]]  # 8 vs 10.
+  assert downstream.assign_runs([1, 1], 4) == [[0], [1], [], []]
+
+  base = {"XLA_FLAGS": "--xla_force_host_platform_device_count=8 --other", "PATH": "/bin"}
+  assert downstream.group_env("gpu", (2, 3), 1, base)["CUDA_VISIBLE_DEVICES"] == "2,3"
+  tpu = downstream.group_env("tpu", (3,), 3, base)
+  assert (tpu["TPU_VISIBLE_CHIPS"], tpu["TPU_CHIPS_PER_PROCESS_BOUNDS"],
+          tpu["TPU_PROCESS_BOUNDS"], tpu["TPU_PROCESS_PORT"]) == ("3", "1,1,1", "1,1,1", "8479")
+  cpu = downstream.group_env("cpu", (0, 1), 0, base)
+  assert cpu["XLA_FLAGS"] == "--other --xla_force_host_platform_device_count=2"
+  assert cpu["PATH"] == "/bin" and base["XLA_FLAGS"].startswith("--xla_force")
+
+
+def test_runs_get_the_recipe_and_the_overrides_win(monkeypatch, tmp_path):
+  specs = [suites.GLUE["mnli"], suites.SQUAD["squad2"]]
+  runs = downstream.plan(specs, [2e-5, 3e-5], 2)
+  assert [(r.task, r.learning_rate, r.seed) for r in runs[:3]] == [
+      ("mnli", 2e-5, 0), ("mnli", 2e-5, 1), ("mnli", 3e-5, 0)]
+  assert runs[-1].workdir("/out") == "/out/runs/squad2/lr3e-05_seed1"
+  base = finetune_base.get_config()
+  mnli = downstream.run_config(base, {"train.num_train_epochs": 1.0}, specs[0], runs[1], "/ckpt")
+  assert (mnli.seed, mnli.task, mnli.init_from, mnli.train.learning_rate) == (
+      1, "classification", "/ckpt", 2e-5)
+  assert (mnli.data.tfds_name, mnli.data.tfds_validation_split, mnli.data.max_seq_length,
+          tuple(mnli.data.labels)) == ("glue/mnli", "validation_matched", 128,
+                                       ("entailment", "neutral", "contradiction"))
+  assert (mnli.train.batch_size, mnli.train.num_train_steps, mnli.train.num_train_epochs,
+          mnli.train.warmup_proportion, mnli.train.eval_every_steps) == (32, 0, 1.0, 0.1, 0)
+  squad = downstream.run_config(base, {"data.max_seq_length": 256}, specs[1], runs[-1], "/c")
+  assert (squad.task, squad.data.tfds_name, squad.data.version_2_with_negative,
+          squad.data.max_seq_length, squad.data.doc_stride) == ("qa", "squad/v2.0", True, 256, 128)
+  assert base.seed == finetune_base.get_config().seed  # The base is left as it was.
+
+  # The local suite: its tasks and files from bert_jax.data.local_suite.build.
+  built = []
+
+  def build(output_dir):
+    built.append(output_dir)
+    return [types.SimpleNamespace(name="code_tags", task="tagging", train_file="t.jsonl",
+                                  validation_file="v.jsonl", metric="token_f1",
+                                  max_seq_length=64, chance=0.5)]
+  monkeypatch.setitem(sys.modules, "bert_jax.data.local_suite",
+                      types.SimpleNamespace(build=build))
+  options = downstream.Options("/ckpt", "local", (), (1e-4,), 1, str(tmp_path))
+  (spec,) = downstream.select_tasks(options)
+  assert built == [str(tmp_path / "data" / "local")]
+  config = downstream.run_config(base, {}, spec, downstream.Run("code_tags", 1e-4, 0), "/ckpt")
+  assert (config.task, config.data.train_file, config.data.validation_file,
+          config.data.tfds_name, config.data.max_seq_length, spec.metrics) == (
+              "tagging", "t.jsonl", "v.jsonl", "", 64, ("token_f1",))
+  with pytest.raises(ValueError, match="--tasks=nope: nope not in --suite=local"):
+    downstream.select_tasks(downstream.Options("/c", "local", ("nope",), (1e-4,), 1, "/o"))
+
+
+# -------------------------------------------------------------------------------- bad flags
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--suite=superglue"], "--suite=superglue: unknown suite; one of glue, squad1, squad2, local"),
+    (["--tasks=cola,wnli"], "--tasks=cola,wnli: wnli is left out of GLUE, as BERT did"),
+    (["--tasks=cola,squad1"], "--tasks=cola,squad1: squad1 is not a task of --suite=glue"),
+    (["--learning_rates=2e-5,x"], "--learning_rates=2e-5,x: expected distinct numbers"),
+    (["--learning_rates=0"], "--learning_rates=0: expected distinct numbers"),
+    (["--seeds=0"], "--seeds=0: the number of seeds per learning rate must be >= 1"),
+    (["--devices_per_run=-1"], "--devices_per_run=-1: must be >= 0"),
+    (["--checkpoint="], "--checkpoint is empty"),
+    (["--checkpoint=MISSING"], "--checkpoint=MISSING does not exist"),
+    (["--checkpoint=EMPTY"], "--checkpoint=EMPTY is an empty directory"),
+])
+def test_bad_options_name_their_flag(encoder, tmp_path, args, message):
+  (tmp_path / "empty").mkdir()
+  values = {"checkpoint": encoder, "suite": "glue", "tasks": [], "learning_rates": "2e-5",
+            "seeds": 1, "output_dir": str(tmp_path / "out")}
+  for arg in args:
+    name, value = arg[2:].split("=", 1)
+    value = value.replace("MISSING", str(tmp_path / "missing")).replace(
+        "EMPTY", str(tmp_path / "empty"))
+    values[name] = value.split(",") if name == "tasks" else (
+        int(value) if name in ("seeds", "devices_per_run") else value)
+  message = message.replace("MISSING", str(tmp_path / "missing")).replace(
+      "EMPTY", str(tmp_path / "empty"))
+  with pytest.raises(ValueError) as error:
+    downstream.parse_options(**values)
+  assert str(error.value).startswith(message)
+
+
+def test_overrides_of_fields_the_suite_sets_are_refused():
+  flag_values = flags.FlagValues()
+  from ml_collections import config_flags  # pylint: disable=g-import-not-at-top
+  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values, lock_config=True)
+  config_file = os.path.join(ROOT, "configs", "finetune_base.py")
+  argv = ["prog", f"--config={config_file}", "--config.train.num_train_epochs=2"]
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(sys, "argv", argv)
+    flag_values(argv)
+  assert downstream.given_overrides(flag_values) == {"train.num_train_epochs": 2.0}
+  argv = ["prog", f"--config={config_file}", "--config.train.learning_rate=1e-4"]
+  flag_values = flags.FlagValues()
+  config_flags.DEFINE_config_file("config", None, "", flag_values=flag_values, lock_config=True)
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(sys, "argv", argv)
+    flag_values(argv)
+  with pytest.raises(ValueError, match=r"--config.train.learning_rate: the suite sets it for "
+                                       r"every run; use --learning_rates"):
+    downstream.given_overrides(flag_values)
+
+
+def test_the_launcher_reports_a_bad_flag_in_one_line(encoder, tmp_path):
+  for args, status, last in (
+      ([f"--checkpoint={encoder}", "--suite=superglue", f"--output_dir={tmp_path}"], 2,
+       "error: --suite=superglue: unknown suite; one of glue, squad1, squad2, local"),
+      ([f"--checkpoint={encoder}", "--suite=glue", f"--output_dir={tmp_path}",
+        "--config.seed=3"], 2,
+       "error: --config.seed: the suite sets it for every run; use --seeds"),
+      (["--suite=glue", f"--output_dir={tmp_path}"], 2,
+       "error: bad flag or config override: flag --checkpoint=None: Flag --checkpoint must "
+       "have a value other than None.")):
+    result = subprocess.run(_command(*args), cwd=ROOT, env=_env(), capture_output=True,
+                            text=True, timeout=120)
+    assert result.returncode == status, result.stderr[-2000:]
+    assert "Traceback" not in result.stderr
+    assert result.stderr.strip().splitlines()[-1] == last
+  assert not os.listdir(tmp_path)  # Nothing written.
+
+
+def test_each_device_group_runs_its_share_in_a_process_of_its_own(tmp_path):
+  # A stand-in for the launcher: records its arguments and the devices it was given.
+  script = tmp_path / "group.py"
+  script.write_text("import json, os, sys\n"
+                    "index = sys.argv[-1].split('=')[1].split('/')[0]\n"
+                    f"open(os.path.join({str(tmp_path)!r}, index + '.json'), 'w').write(\n"
+                    "    json.dumps([sys.argv[1:], os.environ['XLA_FLAGS']]))\n"
+                    "sys.exit(3 if index == '1' else 0)\n")
+  failed = downstream.run_groups([(0, 1), (2, 3)], "cpu", [str(script), "--suite=glue"])
+  assert failed == ["device group 1 stopped with exit status 3"]
+  for index in (0, 1):
+    args, xla = json.load(open(tmp_path / f"{index}.json"))
+    assert args == ["--suite=glue", f"--run_group={index}/2"]
+    assert xla.endswith("--xla_force_host_platform_device_count=2")
+
+  # A group's share: runs spread by training examples x sequence length.
+  small, large = tmp_path / "small.jsonl", tmp_path / "large.jsonl"
+  small.write_text('{"text": "a", "label": "x"}\n' * 10)
+  large.write_text('{"text": "a", "label": "x"}\n' * 100)
+  specs = [suites.TaskSpec("big", "classification", ("accuracy",), 128, train_file=str(large)),
+           suites.TaskSpec("few", "classification", ("accuracy",), 128, train_file=str(small))]
+  runs = downstream.plan(specs, [1e-4], 3)
+  configs = {run: downstream.run_config(finetune_base.get_config(), {}, specs[run.task == "few"],
+                                        run, "/c") for run in runs}
+  shares = downstream.spread(specs, runs, configs, 3)
+  assert [[(r.task, r.seed) for r in share] for share in shares] == [
+      [("big", 0), ("few", 0)], [("big", 1), ("few", 1)], [("big", 2), ("few", 2)]]
+  assert [len(share) for share in downstream.spread(specs, runs, configs, 2)] == [2, 4]
