@@ -315,8 +315,8 @@ def prepare_only(plan: Plan, cache_dir: str) -> None:
   from bert_jax.data import builtin, pipeline  # pylint: disable=import-outside-toplevel
   start = time.time()
   config = real_data_config(plan, "float32", "xla", cache_dir)
-  builtin.ensure_builtin(cache_dir, builtin.BuiltinSettings.from_config(config))
-  dataset_dir, meta = pipeline.resolve_dataset(config, cache_dir)
+  prepared = builtin.ensure_builtin(cache_dir, builtin.BuiltinSettings.from_config(config))
+  dataset_dir, meta = pipeline.resolve_dataset(config, cache_dir, prepared)
   print(json.dumps({"dataset_dir": dataset_dir, "seconds": time.time() - start,
                     "train_rows": meta["splits"]["train"]["rows"]}))
 

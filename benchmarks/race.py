@@ -28,8 +28,8 @@ class Variant:
     from bert_jax.model import BertConfig
     config_checks.check_pretraining(config)
     self.name, self.config = name, config
-    builtin.ensure_builtin(workdir, builtin.BuiltinSettings.from_config(config))
-    self.dataset_dir, self.meta = pipeline.resolve_dataset(config, workdir)
+    prepared = builtin.ensure_builtin(workdir, builtin.BuiltinSettings.from_config(config))
+    self.dataset_dir, self.meta = pipeline.resolve_dataset(config, workdir, prepared)
     self.task = train.pretraining_task(config, BertConfig.from_config(config.model), self.meta)
     self.mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
     self.rules = sharding.logical_rules(config.mesh)

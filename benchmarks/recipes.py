@@ -70,8 +70,8 @@ def eval_rows(workdir: str, max_batches: int):
   the built-in corpus (the same documents every objective holds out)."""
   from bert_jax.data import builtin, pipeline
   config = variant_config("modern")
-  builtin.ensure_builtin(workdir, builtin.BuiltinSettings.from_config(config))
-  dataset_dir, _ = pipeline.resolve_dataset(config, workdir)
+  prepared = builtin.ensure_builtin(workdir, builtin.BuiltinSettings.from_config(config))
+  dataset_dir, _ = pipeline.resolve_dataset(config, workdir, prepared)
   return lambda: pipeline.make_eval_batches(
       dataset_dir, global_batch_size=64, process_index=0, process_count=1,
       max_batches=max_batches)

@@ -107,11 +107,13 @@ def _resolve_data(config, workdir: str) -> tuple[str | None, dict]:
   every process reads it."""
   if config.data.source == "synthetic":
     return None, {}
-  root = _builtin_root(config, workdir)
+  root, prepared = _builtin_root(config, workdir), None
   if config.data.source == "builtin" and (jax.process_index() == 0 or storage.is_remote(workdir)):
-    builtin.ensure_builtin(root, builtin.BuiltinSettings.from_config(config))
+    # The directory it prepared: the corpus key is not computed twice (a package installed
+    # in between would name another directory).
+    prepared = builtin.ensure_builtin(root, builtin.BuiltinSettings.from_config(config))
   multihost_utils.sync_global_devices("bert_jax: dataset ready")
-  return pipeline.resolve_dataset(config, root)
+  return pipeline.resolve_dataset(config, root, builtin_dir=prepared)
 
 
 def _train_iterator(config, dataset_dir: str | None, vocab_size: int):

@@ -373,7 +373,7 @@ def test_bad_inputs(prepared, tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["blank.txt", "full"]  # No half dataset, no temp dir.
 
 
-def test_builtin_is_prepared_once_then_read(tmp_path):
+def test_builtin_is_prepared_once_then_read(tmp_path, monkeypatch):
   config = tiny.get_config()
   config.model.vocab_size = 400
   config.data.vocab_model_type = "bpe"
@@ -399,6 +399,13 @@ def test_builtin_is_prepared_once_then_read(tmp_path):
   found, meta_again = pipeline.resolve_dataset(config, str(tmp_path))
   assert found == dataset_dir and meta_again == meta
   assert os.path.getmtime(os.path.join(dataset_dir, prepare.META_FILE)) == stamp
+  # A package installed between preparing and reading changes the corpus key: the reader takes
+  # the directory ensure_builtin returned (bert_jax/train.py), not a second look at the corpus.
+  monkeypatch.setattr(corpus, "builtin_corpus_fingerprint", lambda: "another corpus")
+  with pytest.raises(ValueError, match="not prepared"):
+    pipeline.resolve_dataset(config, str(tmp_path))
+  assert pipeline.resolve_dataset(config, str(tmp_path), dataset_dir) == (dataset_dir, meta)
+  monkeypatch.undo()
 
   # The same dataset prepared into a directory of one's own (launch/prepare_data.py --builtin).
   own = str(tmp_path / "own")

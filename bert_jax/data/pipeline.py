@@ -73,19 +73,22 @@ def check_dataset_matches(meta: dict[str, Any], vocab_size: int, max_seq_length:
     raise ValueError("Prepared dataset does not match the model config: " + "; ".join(problems))
 
 
-def resolve_dataset(config: ml_collections.ConfigDict, workdir: str) -> tuple[str, dict]:
+def resolve_dataset(config: ml_collections.ConfigDict, workdir: str,
+                    builtin_dir: str | None = None) -> tuple[str, dict]:
   """(dataset_dir, meta) for `config.data.source` "builtin" or "prepared", checked vs config
   and by `check_dataset` (readable shards, a validation split to evaluate on). Only reads.
 
   "builtin" is the built-in corpus prepared under `workdir` for the config's settings
   (`builtin.dataset_dir`; `builtin.ensure_builtin` prepares it, as `bert_jax/train.py` does
-  first). For a "prepared" dataset `workdir` plays no part (a launcher checks it before it
+  first; `builtin_dir`: the directory `ensure_builtin` returned, so that the corpus is not
+  looked at twice). For a "prepared" dataset `workdir` plays no part (a launcher checks it before it
   touches its workdir). A prepared dataset in a bucket is refused here, before any device work,
   with how to mount it: ArrayRecord reads local files only.
   """
   fraction_flag = "--validation_fraction"
   if config.data.source == "builtin":
-    dataset_dir = builtin.dataset_dir(workdir, builtin.BuiltinSettings.from_config(config))
+    dataset_dir = builtin_dir or builtin.dataset_dir(
+        workdir, builtin.BuiltinSettings.from_config(config))
     if not storage.isfile(storage.join(dataset_dir, prepare.META_FILE)):
       raise ValueError(f"The built-in corpus is not prepared for this config in {dataset_dir}: "
                        "training prepares it (bert_jax.data.builtin.ensure_builtin) before "
