@@ -31,6 +31,7 @@ Run:
 import argparse
 import json
 import os
+import re
 
 from race import RESULTS, Variant, plot, quiet_step_seconds, race, retimed
 
@@ -46,7 +47,11 @@ VARIANTS = {
     "+mask30": ("tiny", {"masking.mask_prob": 0.3, "masking.eval_mask_prob": 0.15,
                          "masking.max_predictions_per_seq": 40}),
     "+wsd": ("tiny", {"train.schedule": "wsd", "train.decay_fraction": 0.2}),
-    "+stable_adamw": ("tiny", {"train.optimizer": "stable_adamw", "train.b2": 0.98}),
+    # ModernBERT's settings of it: its weight decay is decoupled from the learning rate (a
+    # step takes weight_decay x lr / peak of each weight), so BERT's 0.01 would shrink every
+    # weight by 1% a step at the peak: 1e-5 as modern_base.
+    "+stable_adamw": ("tiny", {"train.optimizer": "stable_adamw", "train.b2": 0.98,
+                               "train.eps": 1e-6, "train.weight_decay": 1e-5}),
     "+mlm_rows": ("tiny", {"data.objective": "mlm"}),
     "modern": ("modern_tiny", {}),
     "modern+span_warmup": ("modern_tiny", {"data.span_warmup_steps": 1000,
@@ -92,11 +97,31 @@ def summary(curves: list[dict], reference: str = "classic") -> list[dict]:
         break
     rows.append({"kind": "summary", "variant": curve["variant"],
                  "final_mlm_accuracy": points[-1]["mlm_accuracy"],
-                 "final_mlm_loss": points[-1]["mlm_loss"], "minutes": points[-1]["minutes"],
+                 "final_mlm_loss": points[-1].get("mlm_loss"), "minutes": points[-1]["minutes"],
                  "steps": points[-1]["steps"], "minutes_to_reference_final": reached,
                  "time_share": None if reached is None else reached / next(
                      c for c in curves if c["variant"] == reference)["points"][-1]["minutes"]})
   return rows
+
+
+_LOG_POINT = re.compile(r"^(\S+): ([\d.]+) min, (\d+) steps, mlm_acc ([\d.]+)$")
+_LOG_PARAMS = re.compile(r"^(\S+): ([\d,]+) params ")
+
+
+def rows_from_log(path: str) -> list[dict]:
+  """The params and curves a race printed (its evaluation lines: minutes, steps, held-out MLM
+  accuracy; no loss), for a race stopped before it wrote its results."""
+  params, points = {}, {}
+  with open(path) as f:
+    for line in f:
+      if match := _LOG_PARAMS.match(line):
+        params[match[1]] = int(match[2].replace(",", ""))
+      elif match := _LOG_POINT.match(line.strip()):
+        points.setdefault(match[1], []).append(
+            {"minutes": float(match[2]), "steps": int(match[3]),
+             "mlm_accuracy": float(match[4])})
+  return ([{"kind": "params", "variant": n, "params": p} for n, p in params.items()]
+          + [{"kind": "curve", "variant": n, "points": p} for n, p in points.items()])
 
 
 def write_results(rows: list[dict], tag: str) -> None:
@@ -118,7 +143,9 @@ def write_results(rows: list[dict], tag: str) -> None:
       reached = row["minutes_to_reference_final"]
       cell = "never" if reached is None else f"{reached:.1f} min ({row['time_share']:.0%})"
       step = seconds[row["variant"]]
-      print(f"| {row['variant']} | {row['final_mlm_accuracy']:.2%} | {row['final_mlm_loss']:.3f} "
+      loss = row["final_mlm_loss"]
+      print(f"| {row['variant']} | {row['final_mlm_accuracy']:.2%} | "
+            f"{'-' if loss is None else f'{loss:.3f}'} "
             f"| {row['steps']} | {'-' if step is None else f'{1000 * step:.0f}'} "
             f"| {row['minutes']:.1f} | {cell} |")
 
@@ -137,11 +164,23 @@ def main():
                       "machine and put minutes = steps x step time into the results.")
   parser.add_argument("--retime_seconds", type=float, default=15.0,
                       help="Seconds per measurement (3 rounds, median).")
+  parser.add_argument("--from_log", default="",
+                      help="With --retime: the curves from races' printed output (comma-"
+                      "separated logs; a later one's variants win) instead of the results file.")
   args = parser.parse_args()
   overrides = {"train.num_train_steps": args.steps} if args.steps else {}
   if args.retime:
-    with open(os.path.join(RESULTS, f"{args.tag}.jsonl")) as f:
-      rows = [json.loads(line) for line in f]
+    if args.from_log:
+      rows = []  # A later log's variant replaces an earlier one's.
+      for log in args.from_log.split(","):
+        new = rows_from_log(log)
+        names = {r["variant"] for r in new}
+        rows = [r for r in rows if r["variant"] not in names] + new
+      order = list(VARIANTS)
+      rows.sort(key=lambda r: (r["kind"] != "params", order.index(r["variant"])))
+    else:
+      with open(os.path.join(RESULTS, f"{args.tag}.jsonl")) as f:
+        rows = [json.loads(line) for line in f]
     curves = [r for r in rows if r["kind"] == "curve"]
     variants = [Variant(c["variant"], variant_config(c["variant"], overrides), args.workdir)
                 for c in curves]

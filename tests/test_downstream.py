@@ -287,8 +287,8 @@ def test_runs_get_the_recipe_and_the_overrides_win(monkeypatch, tmp_path):
     return [types.SimpleNamespace(name="code_tags", task="tagging", train_file="t.jsonl",
                                   validation_file="v.jsonl", metric="token_f1",
                                   max_seq_length=64, chance=0.5)]
-  monkeypatch.setitem(sys.modules, "bert_jax.data.local_suite",
-                      types.SimpleNamespace(build=build))
+  from bert_jax.data import local_suite
+  monkeypatch.setattr(local_suite, "build", build)
   options = downstream.Options("/ckpt", "local", (), (1e-4,), 1, str(tmp_path))
   (spec,) = downstream.select_tasks(options)
   assert built == [str(tmp_path / "data" / "local")]
