@@ -408,3 +408,44 @@ def test_vocab_errors(tmp_path):
   os.makedirs(tmp_path / "emptydir")
   with pytest.raises(ValueError, match="emptydir: no vocabulary found"):
     vocab_lib.Vocab.load(str(tmp_path / "emptydir"))
+
+
+def test_wordpiece_special_token_text_stays_text_in_pretraining(tmp_path):
+  from bert_jax.data import blocks
+
+  path = write(tmp_path / "vocab.txt", "\n".join(
+      ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "[", "]", "mask", "sep", "cls", "pad",
+       "unk", "hello", "world", "the"]) + "\n")
+  v = vocab_lib.Vocab.load(path)
+  text = "Hello [MASK] world [SEP] the [CLS][PAD] [UNK]"
+  controls = {v.pad_id, v.cls_id, v.sep_id, v.mask_id}
+  # As HuggingFace (fine-tuning inputs, `test_wordpiece_matches_hf_bert_tokenizer`): the tokens.
+  assert controls <= set(v.encode(text))
+  # As google-research/bert's tokenizer: "[", "mask", "]", the text it is.
+  spelled = v.encode("Hello [ MASK ] world [ SEP ] the [ CLS ] [ PAD ] [ UNK ]")
+  assert not controls & set(spelled) and v.unk_id not in spelled
+  assert v.encode(text, split_special_tokens=True) == spelled
+  assert v.encode_batch([text, "the"], split_special_tokens=True) == [spelled, v.encode("the")]
+  # Pretraining tokenizes its text that way; the vocabulary's own behaviour is unchanged after.
+  (document,) = blocks.tokenize_documents([[text, "the world"]], v)
+  assert document[0] == (spelled, v.word_starts(spelled))
+  assert controls <= set(v.encode(text))
+  hf_json = str(tmp_path / "tokenizer.json")
+  with open(hf_json, "w") as f:
+    f.write(v.wordpiece_tokenizer().to_str())
+  for other in (pickle.loads(pickle.dumps(v)), vocab_lib.Vocab.load(hf_json)):
+    assert other.encode(text, split_special_tokens=True) == spelled
+    assert other.encode(text) == v.encode(text)
+
+
+def test_wordpiece_longest_word_is_200_characters(tmp_path):
+  path = write(tmp_path / "vocab.txt", "[PAD]\n[UNK]\n[CLS]\n[SEP]\n[MASK]\na\n##a\n")
+  v = vocab_lib.Vocab.load(path)
+  a, continued = v.piece_to_id("a"), v.piece_to_id("##a")
+  # google-research/bert's max_input_chars_per_word; HF's BertTokenizerFast stops at 100.
+  assert v.encode("a" * 200) == [a] + [continued] * 199
+  assert v.encode("a" * 201) == [v.unk_id]
+  assert hf_tokenizer(path)("a" * 150, add_special_tokens=False)["input_ids"] == [v.unk_id]
+  # Kept through pickling (worker processes) and in the exported tokenizer.json.
+  assert pickle.loads(pickle.dumps(v)).encode("a" * 150) == [a] + [continued] * 149
+  assert v.wordpiece_tokenizer().model.max_input_chars_per_word == 200

@@ -431,9 +431,11 @@ def test_prepared_output_independent_of_worker_count(tmp_path, block_chars, obje
   assert meta_inline["stats"] == meta_pool["stats"]
   assert meta_inline["splits"]["validation"]["rows"] > 0
   assert meta_inline["max_examples_per_row"] == (3 if objective == "mlm_nsp" else 1)
-  neighbour_draws = meta_inline["stats"][blocks.TRAIN]["random_next_neighbour"]
-  assert neighbour_draws > 0 if block_chars == 1 and objective == "mlm_nsp" else (
-      neighbour_draws == 0)
+  train_stats = meta_inline["stats"][blocks.TRAIN]
+  if objective == "mlm":
+    assert train_stats["random_next"] == train_stats["random_next_neighbour"] == 0
+  elif block_chars == 1:  # Blocks of one document: every random B from a neighbour's.
+    assert train_stats["random_next"] == train_stats["random_next_neighbour"] > 0
   train = meta_inline["splits"]["train"]
   assert train["fill_rate"] == pytest.approx(train["real_tokens"] / (train["rows"] * 48),
                                              abs=1e-6)
@@ -713,7 +715,7 @@ def test_full_sentence_rows_continue_long_sentences():
   assert rows[-1].word_starts == [1, 0, 1]
 
 
-def test_mlm_block_rows():
+def test_mlm_block_rows(tmp_path):
   docs = make_corpus(40, seed=15, sentences=(2, 10))
   settings = settings_for(max_seq_length=64, dupe_factor=2, objective="mlm")
   (block,) = blocks.iter_document_blocks(docs, validation_fraction=0.0, block_chars=10**9)
@@ -735,8 +737,13 @@ def test_mlm_block_rows():
   assert rows != passes[0] + passes[1]
   features = [blocks.row_features(row, settings, FakeTokenizer()) for row in rows]
   assert all(f["nsp_weights"] == [0] and f["segment_ids"][0] == 1 for f in features)
+  # The rows preparation writes: the same block after the corpus-wide shuffle.
+  (shuffled,) = blocks.iter_prepared_blocks(docs, settings, str(tmp_path / "shuffle"))
+  assert sorted(map(tuple, shuffled.documents)) == sorted(map(tuple, docs))
   assert build_rows(docs, max_seq_length=64, dupe_factor=2, objective="mlm",
-                    max_examples_per_row=5) == features  # K plays no part in "mlm".
+                    max_examples_per_row=5) == [  # K plays no part in "mlm".
+      blocks.row_features(row, settings, FakeTokenizer())
+      for row in blocks.build_block(shuffled, FakeTokenizer(), settings)[0]]
 
 
 def test_data_modules_import_no_cycle():

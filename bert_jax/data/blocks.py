@@ -2,10 +2,14 @@
 
 A block is a run of consecutive documents of one split, about `block_chars` characters
 (thousands of documents): the unit of work of the preparation workers (`workers`) and the pool
-random-next segments are drawn from (`nsp`), so memory stays flat with corpus size.
+random-next segments are drawn from (`nsp`), so memory stays flat with corpus size. Preparation
+shuffles the documents corpus-wide first (`iter_prepared_blocks`, `shuffle`): a block is then a
+uniform random sample of its split, never a run of the input (a few books, one topic).
 
 * Documents go to the `validation` split by a hash of their text (`is_validation_document`), so a
-  duplicated document never lands in both splits.
+  duplicated document never lands in both splits. The split depends on the text alone, not on
+  the seed or the shuffle: every seed holds out the same documents, so runs prepared with other
+  seeds evaluate on the same text, and none of it is in their train split.
 * A block of one document (a split's last block, or a document of `block_chars` or more) carries
   the documents of its split's previous block as `neighbours` (block 0: of the next block), where
   its random-next B come from.
@@ -26,7 +30,9 @@ Imported by the preparation worker processes: it stays free of TFDS / JAX.
 import dataclasses
 import hashlib
 import itertools
+import os
 import random
+import tempfile
 from collections.abc import Iterable, Iterator, Sequence
 from typing import NamedTuple, Protocol
 
@@ -34,6 +40,7 @@ import numpy as np
 
 from bert_jax.data import nsp
 from bert_jax.data import packing
+from bert_jax.data import shuffle
 from bert_jax.data.packing import Document, Instance
 from bert_jax.data.records import EncodedPair, EncodedSentences, RecordSerializer
 
@@ -92,7 +99,9 @@ def tokenize_documents(
   """
   sentences = [sentence for document in documents for sentence in document]
   if hasattr(tokenizer, "encode_batch") and hasattr(tokenizer, "word_starts"):
-    all_ids = tokenizer.encode_batch(sentences)
+    # Text that spells a special token ("[MASK]") stays text, as google-research/bert's
+    # tokenizer keeps it: pretraining never sees a control token the text did not get from us.
+    all_ids = tokenizer.encode_batch(sentences, split_special_tokens=True)
     lengths = np.fromiter(map(len, all_ids), dtype=np.int64, count=len(all_ids))  # [S]
     flat_ids = np.fromiter(itertools.chain.from_iterable(all_ids), dtype=np.int64,
                            count=int(lengths.sum()))  # [T]
@@ -117,7 +126,8 @@ def tokenize_documents(
 
 
 class DocumentBlock(NamedTuple):
-  """A run of consecutive documents of one split: the unit of work and of random-next draws."""
+  """A run of consecutive documents of one split (in the shuffled order, when prepared): the
+  unit of work and of random-next draws."""
 
   split: str
   index: int  # Block number within its split.
@@ -186,6 +196,17 @@ def iter_document_blocks(
     if held[split] is not None:  # The split's only document: no other to draw B from.
       yield held[split]
       held[split] = None
+
+
+def iter_prepared_blocks(
+    documents: Iterable[Sequence[str]], settings: "ExampleSettings", work_dir: str
+) -> Iterator[DocumentBlock]:
+  """The blocks preparation builds: `documents` shuffled corpus-wide (`shuffle`, seeded by
+  `settings.seed`; its temporary files in `work_dir`, which must not exist and is removed once
+  the documents have been read back), then cut into blocks (`iter_document_blocks`)."""
+  shuffled = shuffle.shuffled_documents(documents, seed=settings.seed, work_dir=work_dir)
+  return iter_document_blocks(shuffled, validation_fraction=settings.validation_fraction,
+                              block_chars=settings.block_chars)
 
 
 def block_seed(seed: int, split: str, pass_index: int, block_index: int) -> int:
@@ -375,13 +396,14 @@ def iter_rows(
     documents: Iterable[Sequence[str]], tokenizer: Tokenizer, settings: ExampleSettings,
     split: str,
 ) -> Iterator[dict[str, list[int]]]:
-  """Single-process stream of one split's rows as feature lists (block by block, in order)."""
+  """Single-process stream of one split's rows as feature lists (block by block, in order): the
+  rows `prepare` writes. The shuffle's temporary files (the corpus's text) go to $TMPDIR."""
   settings.validate()
-  blocks = iter_document_blocks(documents, validation_fraction=settings.validation_fraction,
-                                block_chars=settings.block_chars)
-  for block in blocks:
-    if block.split != split:
-      continue
-    rows, _ = build_block(block, tokenizer, settings)
-    for row in rows:
-      yield row_features(row, settings, tokenizer)
+  with tempfile.TemporaryDirectory(prefix="bert_jax_rows_") as work_dir:
+    blocks = iter_prepared_blocks(documents, settings, os.path.join(work_dir, "shuffle"))
+    for block in blocks:
+      if block.split != split:
+        continue
+      rows, _ = build_block(block, tokenizer, settings)
+      for row in rows:
+        yield row_features(row, settings, tokenizer)

@@ -77,9 +77,11 @@ class BuiltinSettings:
 
 
 def cache_key(settings: BuiltinSettings, fingerprint: str) -> str:
-  """What makes a built-in dataset differ: corpus fingerprint and every setting."""
+  """What makes a built-in dataset differ: corpus fingerprint, every setting, and the record
+  format and preparation version (a dataset cached by an older preparation is not reused)."""
   key = {
       "format_version": prepare.FORMAT_VERSION,
+      "preparation_version": prepare.PREPARATION_VERSION,
       "fingerprint": fingerprint,
       "vocab_size": int(settings.vocab_size),
       "vocab_model_type": str(settings.vocab_model_type),

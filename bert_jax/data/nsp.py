@@ -5,13 +5,18 @@ random draws in the same order, minus the MLM masking, which bert_jax does on th
 jitted step). What differs is where a random-next segment B comes from, so that memory stays
 flat with corpus size:
 
-* The original reads the whole corpus into memory and draws each random-next B from a document
-  of the corpus other than A's (ten tries, so a corpus of very few documents can still hand it
-  A's own text, labelled random). Here `all_documents` is a block of thousands of documents
-  (`blocks`), and B comes from another document of it: the original's ten draws, then, where all
-  ten hit A's document, one draw among the block's other documents. A block of one document
-  draws B from `other_documents` (a neighbouring block's). Documents are drawn uniformly in every
-  case; with thousands of documents per block the examples are statistically the same.
+* The original reads the whole corpus into memory, shuffles the documents, and draws each
+  random-next B from a document of the corpus other than A's (ten tries, so a corpus of very few
+  documents can still hand it A's own text, labelled random). Here `all_documents` is a block of
+  thousands of documents (`blocks`), and B comes from another document of it: the original's
+  ten draws, then, where all ten hit A's document, one draw among the block's other documents.
+  A block of one document draws B from `other_documents` (a neighbouring block's). Preparation
+  shuffles the documents corpus-wide before cutting blocks (`shuffle`), so a block is a uniform
+  random sample of its split and B's document, drawn uniformly from it, is a uniform draw from
+  the whole corpus (A's split of it), as in the original, on topic- or book-ordered input too
+  (tested). What remains different: the examples of one block, all its dupe passes included,
+  draw their B from the same sample of ~`block_chars` characters, where the original's passes
+  each draw anew.
 * So B never comes from A's document. With no other document in reach (a split of a single
   document), a chunk that would get a random B gets its real continuation (label 0) instead, or
   no example when it is one sentence (`RandomNextCounts`).

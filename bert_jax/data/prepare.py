@@ -7,12 +7,15 @@ A prepared dataset directory (WORKSPACE contract) holds:
                     settings, per-split rows / examples / real tokens / fill rate, corpus stats
 
 Every record is a row of max_seq_length tokens (`packing`): up to K NSP examples (objective
-"mlm_nsp") or one FULL-SENTENCES sequence ("mlm"). The document stream is cut into blocks
-(`blocks.iter_document_blocks`); worker processes (`workers.write_blocks`) turn each block into
+"mlm_nsp") or one FULL-SENTENCES sequence ("mlm"). The documents are shuffled corpus-wide
+(`shuffle`: a first pass spreads them over temporary shard files, so that a block, the pool of
+random-next B, is a random sample of the whole corpus), then cut into blocks
+(`blocks.iter_prepared_blocks`); worker processes (`workers.write_blocks`) turn each block into
 an ArrayRecord file of rows (its examples shuffled and packed within the block), a bounded
-number of blocks in flight, so memory stays flat whatever the corpus size. Everything is written
-into a temporary sibling directory that is renamed into place at the end: an interrupted
-preparation never leaves a directory that looks complete. An output directory in a bucket
+number of blocks in flight, so memory stays flat whatever the corpus size. Everything, the
+shuffle's shard files (the corpus's text once) included, is written into a temporary sibling
+directory that is renamed into place at the end: an interrupted preparation never leaves a
+directory that looks complete, nor any temporary file. An output directory in a bucket
 (gs://) is prepared locally, then uploaded with its bert_meta.json last, so it too is complete
 or not a dataset at all (training reads it through a gcsfuse mount: ArrayRecord opens local
 files only).
@@ -39,7 +42,12 @@ META_FILE = "bert_meta.json"
 VOCAB_DIR = "vocab"
 # 3: records are packed rows (segment_ids, position_ids, [K] slot features).
 FORMAT_VERSION = 3
+# What rows a corpus and settings give, in the same format: bumped when they change, so that a
+# cached dataset (the built-in corpus's key, `builtin.cache_key`) is prepared again rather than
+# reused. 2: documents shuffled corpus-wide before blocking (`shuffle`).
+PREPARATION_VERSION = 2
 _BLOCKS_DIR = ".blocks"
+_SHUFFLE_DIR = ".shuffle"
 
 DocumentsFactory = Callable[[], Iterable[Sequence[str]]]
 
@@ -94,7 +102,10 @@ def prepare_dataset(
   copy). `num_workers=None` uses every core, 0 builds in this process; the output is the same
   for any value. `corpus_stats` (e.g. the `CorpusStats` the factory's reader fills, or a
   callable returning it) is read after the corpus has been consumed and stored in the metadata
-  with `corpus_fingerprint`.
+  with `corpus_fingerprint`. The output depends on the corpus and settings only: the documents
+  are shuffled corpus-wide with `seed` (`shuffle`) in this process, before any worker starts.
+  Besides the dataset, the disk needs room for the corpus's text once (the shuffle's files,
+  next to `output_dir`).
 
   An `output_dir` in a bucket (gs://...) is built in a local temporary directory (under
   $TMPDIR, which needs room for the whole dataset) and uploaded once complete, bert_meta.json
@@ -157,7 +168,8 @@ def _build(output_dir: str, documents_factory: DocumentsFactory, vocab,
     os.makedirs(os.path.join(tmp_dir, _BLOCKS_DIR))
     vocab.save(os.path.join(tmp_dir, VOCAB_DIR))
     split_shards, split_stats = _write_shards(
-        os.path.join(tmp_dir, _BLOCKS_DIR), documents_factory(), vocab, settings, num_workers)
+        os.path.join(tmp_dir, _BLOCKS_DIR), os.path.join(tmp_dir, _SHUFFLE_DIR),
+        documents_factory(), vocab, settings, num_workers)
     _check_splits(split_stats, settings)
 
     from bert_jax.data import tfds_builder  # Deferred: TFDS is a slow import.
@@ -198,15 +210,13 @@ SplitShards = dict[str, list[tuple[str, int, int]]]  # split -> [(path, rows, by
 
 
 def _write_shards(
-    blocks_dir: str, documents: Iterable[Sequence[str]], vocab,
+    blocks_dir: str, shuffle_dir: str, documents: Iterable[Sequence[str]], vocab,
     settings: blocks.ExampleSettings, num_workers: int,
 ) -> tuple[SplitShards, dict[str, blocks.BlockStats]]:
-  """Every block's ArrayRecord file in `blocks_dir`: (the shards of each split, in block
-  order; each split's counts)."""
+  """Every block's ArrayRecord file in `blocks_dir` (the shuffle's files in `shuffle_dir`, gone
+  once read back): (the shards of each split, in block order; each split's counts)."""
   start = time.time()
-  document_blocks = blocks.iter_document_blocks(
-      documents, validation_fraction=settings.validation_fraction,
-      block_chars=settings.block_chars)
+  document_blocks = blocks.iter_prepared_blocks(documents, settings, shuffle_dir)
   split_shards: SplitShards = {s: [] for s in blocks.SPLITS}
   split_stats = {s: blocks.BlockStats() for s in blocks.SPLITS}
   # Closed on any error: the worker processes are stopped (the pool is terminated and joined)
@@ -248,6 +258,7 @@ def _meta(vocab, settings: blocks.ExampleSettings, split_stats: dict[str, blocks
   max_seq_length = settings.max_seq_length
   return {
       "format_version": FORMAT_VERSION,
+      "preparation_version": PREPARATION_VERSION,
       "vocab_size": int(vocab.size),
       "vocab_kind": vocab.kind,
       "vocab_dir": VOCAB_DIR,

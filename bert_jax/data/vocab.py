@@ -6,8 +6,11 @@ hard-coded elsewhere), `encode`, `encode_with_word_starts` (for whole-word maski
   [MASK]=4. A word starts at a piece beginning with "▁" (sentencepiece's words are
   whitespace-delimited, so "word," is one word).
 - WordPiece (`vocab.txt` or a HuggingFace `tokenizer.json` of imported checkpoints), through HF
-  `tokenizers` with BERT's normalisation; ids equal `transformers.BertTokenizerFast`. A piece
-  beginning with "##" continues a word; punctuation is its own word (BERT's pre-tokeniser).
+  `tokenizers` with BERT's normalisation; ids equal `transformers.BertTokenizerFast`, except
+  that a vocab.txt's longest word is google-research/bert's 200 characters (HF's is 100: a word
+  of 101-200 characters gets pieces here, [UNK] there). A piece beginning with "##" continues a
+  word; punctuation is its own word (BERT's pre-tokeniser). Special-token text ("[MASK]") is
+  matched as the special token, as HF does, unless `split_special_tokens` (pretraining text).
 
 Vocabularies load from and save to local paths or buckets (gs://, through `bert_jax.storage`):
 the files are read into memory and written from it, never through local copies.
@@ -38,6 +41,9 @@ CONFIG_FILE = "vocab_config.json"  # Written by `save`: kind, file name and opti
 
 _SP_WORD_START = "\u2581"  # "▁", sentencepiece's whitespace marker.
 _WORDPIECE_CONTINUATION = "##"
+# A longer word is [UNK]: google-research/bert's WordpieceTokenizer (max_input_chars_per_word);
+# HF's tokenizers and transformers use 100.
+WORDPIECE_MAX_WORD_CHARS = 200
 
 
 class Vocab:
@@ -62,6 +68,7 @@ class Vocab:
       if any(p is None for p in pieces):
         raise ValueError(f"{path}: token ids are not contiguous in 0..{self.size - 1}.")
     self._pieces = pieces
+    self._text_processor = None  # WordPiece with special-token text as text (`encode`).
     ids = {}
     for piece in SPECIAL_PIECES:
       found = self._lookup(piece)
@@ -154,7 +161,8 @@ class Vocab:
     # The same pipeline as transformers' BertTokenizerFast: BERT normaliser (accents stripped
     # when lowercasing), BERT pre-tokeniser, WordPiece; specials matched in raw text.
     tokenizer = tokenizers.Tokenizer(tokenizers.models.WordPiece(
-        {t: i for i, t in enumerate(tokens)}, unk_token="[UNK]"))
+        {t: i for i, t in enumerate(tokens)}, unk_token="[UNK]",
+        max_input_chars_per_word=WORDPIECE_MAX_WORD_CHARS))
     tokenizer.normalizer = tokenizers.normalizers.BertNormalizer(
         clean_text=True, handle_chinese_chars=True, strip_accents=None, lowercase=lowercase)
     tokenizer.pre_tokenizer = tokenizers.pre_tokenizers.BertPreTokenizer()
@@ -238,17 +246,35 @@ class Vocab:
     storage.write_text(storage.join(directory, CONFIG_FILE), json.dumps(config, indent=2))
 
   # ------------------------------------------------------------------------- encoding
-  def encode(self, text: str) -> list[int]:
-    """Ids of `text`, without [CLS]/[SEP]."""
+  def encode(self, text: str, split_special_tokens: bool = False) -> list[int]:
+    """Ids of `text`, without [CLS]/[SEP].
+
+    A WordPiece vocabulary matches special-token text ("[MASK]", "[SEP]") as the special token,
+    as HuggingFace does (fine-tuning inputs equal its); `split_special_tokens=True` encodes it
+    as the text it is ("[", "mask", "]"), as google-research/bert's tokenizer (pretraining
+    text). A sentencepiece vocabulary always does the latter (its specials are control pieces).
+    """
     if self.kind == "sentencepiece":
       return self._processor.encode(text, out_type=int)
-    return self._processor.encode(text, add_special_tokens=False).ids
+    return self._wordpiece(split_special_tokens).encode(text, add_special_tokens=False).ids
 
-  def encode_batch(self, texts: Sequence[str]) -> list[list[int]]:
+  def encode_batch(self, texts: Sequence[str],
+                   split_special_tokens: bool = False) -> list[list[int]]:
     """`encode` of each text (batched in the backend: faster for many short sentences)."""
     if self.kind == "sentencepiece":
       return self._processor.encode(list(texts), out_type=int)
-    return [e.ids for e in self._processor.encode_batch(list(texts), add_special_tokens=False)]
+    encodings = self._wordpiece(split_special_tokens).encode_batch(list(texts),
+                                                                   add_special_tokens=False)
+    return [e.ids for e in encodings]
+
+  def _wordpiece(self, split_special_tokens: bool):
+    """The WordPiece tokenizer that matches special-token text, or a copy that does not."""
+    if not split_special_tokens:
+      return self._processor
+    if self._text_processor is None:  # A copy: the flag is the tokenizer's state.
+      self._text_processor = self.wordpiece_tokenizer()
+      self._text_processor.encode_special_tokens = True
+    return self._text_processor
 
   def word_starts(self, ids: Sequence[int]) -> list[int]:
     """1 at the first piece of each word, 0 on continuation pieces and specials but [UNK]."""
@@ -259,9 +285,10 @@ class Vocab:
       starts[0] = 1  # A text's first piece starts a word even without a "▁".
     return starts.tolist()
 
-  def encode_with_word_starts(self, text: str) -> tuple[list[int], list[int]]:
+  def encode_with_word_starts(self, text: str,
+                              split_special_tokens: bool = False) -> tuple[list[int], list[int]]:
     """(ids, word_starts) of `text`: word_starts is 1 at the first piece of each word."""
-    ids = self.encode(text)
+    ids = self.encode(text, split_special_tokens)
     return ids, self.word_starts(ids)
 
   def decode(self, ids: Iterable[int], skip_special_tokens: bool = False) -> str:
