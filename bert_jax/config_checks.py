@@ -32,7 +32,8 @@ from typing import Any, Callable
 
 import ml_collections
 
-from bert_jax import model, optimizer, sharding, tasks
+from bert_jax import masking as masking_lib
+from bert_jax import model, optimizer, sharding, splash, tasks
 from bert_jax.data import packing
 
 # value -> what is wrong with it ("must be an integer >= 1"), or None when it is fine.
@@ -184,6 +185,15 @@ def even_window() -> Check:
   return check
 
 
+def splash_block() -> Check:
+  """model.splash_block_q / _kv: 0 (min(512, L)) or whole TPU lanes (`splash.LANES`)."""
+  def check(value: Any) -> str | None:
+    if _is_int(value) and value >= 0 and value % splash.LANES == 0:
+      return None
+    return f"must be 0 (min({splash.DEFAULT_BLOCK}, L)) or a positive multiple of {splash.LANES}"
+  return check
+
+
 def label_names() -> Check:
   """Distinct label names (str or int; 1 and "1" are one label: finetune_data.label_name)."""
   def check(value: Any) -> str | None:
@@ -221,6 +231,8 @@ def _model_rules(vocab_size: Check) -> dict[str, Check]:
       "model.dtype": one_of(model.DTYPES),
       "model.param_dtype": one_of(model.DTYPES),
       "model.attention_impl": one_of(model.ATTENTION_IMPLS),
+      "model.splash_block_q": splash_block(),
+      "model.splash_block_kv": splash_block(),
       "model.vocab_pad_multiple": integer(1, "1: no padding"),
       "model.dropout_rng": one_of(model.DROPOUT_RNGS),
       "model.position_embedding": one_of(model.POSITION_BLOCKS),
@@ -394,16 +406,21 @@ def _length_fits_positions(config) -> str | None:
 
 
 def _predictions_cover_a_row(config) -> str | None:
-  # Targets are mask_prob of a row's eligible tokens: the P slots must hold those of a full row,
-  # in training and at the evaluation rate.
-  masking, length = config.masking, config.data.max_seq_length
+  # Each example of a row gets its own max(1, round(rate x its eligible tokens)) targets: the P
+  # slots must hold what a row's K examples can need together (short ones round up, each has at
+  # least 1: BERT-Base's 16 at L = 512 can need 80 > round(0.15 x 512)), in training and at the
+  # evaluation rate.
+  masking, data = config.masking, config.data
   name, rate = max((("mask_prob", masking.mask_prob), ("eval_mask_prob", masking.eval_mask_prob)),
                    key=lambda pair: pair[1])
-  needed = round(rate * length)
+  examples = packing.examples_per_row(data.objective, data.max_examples_per_row)
+  needed = masking_lib.max_targets_per_row(rate, data.max_seq_length, examples,
+                                           *packing.example_specials(data.objective))
   if masking.max_predictions_per_seq < needed:
     return (f"config.masking.max_predictions_per_seq={masking.max_predictions_per_seq} cannot "
-            f"hold the {needed} targets of a full row ({name} {rate} x max_seq_length "
-            f"{length}); set it to at least {needed}")
+            f"hold the {needed} targets of a full row (up to {examples} examples in "
+            f"max_seq_length {data.max_seq_length}, each max(1, round({name} {rate} x its "
+            f"eligible tokens)) targets); set it to at least {needed}")
   return None
 
 
@@ -422,6 +439,19 @@ def _window_fits_a_row(config) -> str | None:
     return (f"config.model.local_attention={window} is wider than a row "
             f"(config.data.max_seq_length={length}): every layer would be global; use 0 or a "
             "smaller window")
+  return None
+
+
+def _splash_blocks_divide_a_row(config) -> str | None:
+  """With attention_impl "splash" the row length and blocks fit the kernel (`splash.block_sizes`
+  says the same at trace time, also for "auto" on a TPU)."""
+  if config.model.attention_impl != "splash":
+    return None
+  m, length = config.model, config.data.max_seq_length
+  try:
+    splash.block_sizes(length, m.splash_block_q, m.splash_block_kv)
+  except ValueError as error:
+    return str(error)
   return None
 
 
@@ -501,13 +531,13 @@ PRETRAINING_RELATIONS: tuple[Relation, ...] = (
     _heads_divide_width, _length_fits_positions, _predictions_cover_a_row,
     _replacements_sum_to_at_most_one, _microbatches_divide_batch, _one_inferred_mesh_axis,
     _prepared_needs_dataset_dir, _builtin_needs_validation, _local_layers_have_a_pattern,
-    _window_fits_a_row, _span_warmup_is_mlm)
+    _window_fits_a_row, _span_warmup_is_mlm, _splash_blocks_divide_a_row)
 
 FINETUNING_RELATIONS: tuple[Relation, ...] = (
     _heads_divide_width, _local_layers_have_a_pattern, _scratch_length_fits_positions,
     _microbatches_divide_batch,
     _one_inferred_mesh_axis, _scratch_needs_vocab, _regression_is_classification,
-    _one_training_source)
+    _one_training_source, _splash_blocks_divide_a_row)
 
 
 # ---------------------------------------------------------------------------------- entry

@@ -1,16 +1,19 @@
 """BERT's masked-LM corruption (select 15%, then 80% [MASK] / 10% random / 10% unchanged) in JAX.
 
-`mask_tokens` follows google-research/bert `create_masked_lm_predictions`: per row
-`num_to_predict = min(max_predictions_per_seq, max(1, round(n_eligible * mask_prob)))` targets are
-drawn uniformly without replacement among the eligible positions (any token but the control
-tokens [PAD], [CLS], [SEP], [MASK]; [UNK] is eligible, as the original selects every token but
-[CLS] and [SEP]), or, with whole-word masking, whole words are taken in random order, skipping
-any word that would overshoot `num_to_predict`. A packed row of several examples is one
-sequence here (15% of the row's eligible tokens; words never span examples, as [CLS]/[SEP] are
-not eligible). Each selected token then gets its own 80/10/10 draw. Two
-deliberate differences from the original: `n_eligible` counts only maskable tokens (the original
-also counts [CLS] and [SEP]), and a random replacement is drawn among non-control ids only
-([UNK] included; the original draws any vocabulary entry).
+`mask_tokens` follows google-research/bert `create_masked_lm_predictions` per EXAMPLE: each example
+of a row (a packed row holds several, told apart by `segment_ids`) gets `num_to_predict =
+min(max_predictions_per_seq, max(1, round(n_eligible * mask_prob)))` targets of its own, drawn
+uniformly without replacement among its eligible positions (any token but the control tokens
+[PAD], [CLS], [SEP], [MASK]; [UNK] is eligible, as the original selects every token but [CLS]
+and [SEP]), or, with whole-word masking, its whole words taken in random order, skipping any
+word that would overshoot its `num_to_predict`. So a short example packed next to long ones
+gets its target as it would alone, and a row of K examples holds the sum of their counts: the
+P = `max_predictions_per_seq` slots of a row must hold that sum in the worst case
+(`max_targets_per_row`, checked by the config). Without `segment_ids` a row is one example (an
+unpacked row, K = 1: the same draws and results). Each selected token then gets its own 80/10/10
+draw. Two deliberate differences from the original: `n_eligible` counts only maskable tokens
+(the original also counts [CLS] and [SEP]), and a random replacement is drawn among non-control
+ids only ([UNK] included; the original draws any vocabulary entry).
 
 Everything is a pure function of (rng, inputs) with static shapes, so it runs inside the jitted
 train step (and under vmap) with no host round trip. Masking is dynamic: the train step derives a
@@ -20,6 +23,7 @@ resumed run reproduces the same masks bit for bit.
 
 import dataclasses
 import functools
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -116,16 +120,101 @@ class MaskingConfig:
     )
 
 
-def _num_to_predict_table(length: int, config: MaskingConfig) -> np.ndarray:
-  """[length + 1] int32: targets per sequence for each count of eligible tokens.
+def example_targets(n_eligible: int, mask_prob: float) -> int:
+  """Targets of one example with `n_eligible` maskable tokens before the cap P: the original's
+  max(1, round(n * mask_prob)) with Python's float64 `round` (half to even, as the original under
+  Python 3); 0 eligible tokens give 0 targets."""
+  return max(1, int(round(n_eligible * mask_prob))) if n_eligible else 0
 
-  Built with Python's float64 `round` (half to even, as the original under Python 3) so the
-  count matches the reference exactly; 0 eligible tokens give 0 targets.
+
+def _num_to_predict_table(length: int, config: MaskingConfig) -> np.ndarray:
+  """[length + 1] int32: targets of an example for each count of eligible tokens (capped at P)."""
+  return np.asarray([min(config.max_predictions_per_seq, example_targets(n, config.mask_prob))
+                     for n in range(length + 1)], np.int32)
+
+
+@functools.lru_cache(maxsize=256)
+def max_targets_per_row(mask_prob: float, seq_len: int, examples_per_row: int,
+                        specials_per_example: int, min_example_length: int) -> int:
+  """The most targets a row of `seq_len` tokens can need: the sum of `example_targets` over up
+  to `examples_per_row` examples, each of >= `min_example_length` tokens of which
+  `specials_per_example` are never eligible ([CLS] A [SEP] B [SEP]: 3 and 5), together <=
+  `seq_len`. One example needs round(mask_prob x (seq_len - specials)); several can need more,
+  as each has at least 1 and rounds on its own: at 0.15, L = 512, K = 16, fifteen 5-token
+  examples and one of 437 tokens need 15 + 65 = 80 > round(0.15 x 509) = 76.
+
+  Exact: with cost[t] the fewest tokens of an example worth >= t targets (targets never fall as
+  an example grows), fewest[k][T] = the fewest tokens of at most k examples worth >= T in all;
+  fewest[a + b] is the (min, +) convolution of fewest[a] and fewest[b], so k = K takes
+  O(log K) convolutions.
   """
-  table = [min(config.max_predictions_per_seq, max(1, int(round(n * config.mask_prob))))
-           for n in range(length + 1)]
-  table[0] = 0
-  return np.asarray(table, np.int32)
+  def value(length: int) -> int:
+    return example_targets(length - specials_per_example, mask_prob)
+
+  if seq_len < min_example_length:
+    return 0
+  most = value(seq_len)  # The targets of one example filling the row.
+  if examples_per_row == 1:
+    return most
+  top = int(mask_prob * seq_len) + examples_per_row + 1  # Each example: <= rate x tokens + 1.
+  never = np.iinfo(np.int64).max // 4
+  one = np.full(top + 1, never, np.int64)  # fewest[1]
+  one[0], length = 0, min_example_length
+  for t in range(1, most + 1):
+    while value(length) < t:
+      length += 1
+    one[t] = length
+
+  def convolve(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    out = np.full(top + 1, never, np.int64)
+    for u in np.flatnonzero(a <= seq_len):  # Totals beyond the row never come back under it.
+      out[u:] = np.minimum(out[u:], a[u] + b[:top + 1 - u])
+    return out
+
+  fewest = np.full(top + 1, never, np.int64)
+  fewest[0] = 0  # No example: 0 targets in 0 tokens.
+  power, k = one, examples_per_row
+  while k:
+    if k & 1:
+      fewest = convolve(fewest, power)
+    k >>= 1
+    if k:
+      power = convolve(power, power)
+  return int(np.flatnonzero(fewest <= seq_len).max())
+
+
+class _Examples(NamedTuple):
+  """The examples of each row: runs of equal `segment_ids` (contiguous, by the batch contract;
+  padding is a run too, with nothing eligible), or the whole row when `index` is None. `total` /
+  `minimum` give every position the sum / min of its example's values: [B, L] -> [B, L]
+  ([B, 1] for whole rows). A scatter into per-example slots and a gather back: on CPU (B=256,
+  L=512, K=16) the selection is 2.6x faster this way than with cumulative sums gathered at the runs'
+  ends, and 1.4x faster than with a sort by example."""
+  index: jax.Array | None  # [B, L] int32: the example of each position, 0, 1, ... along the row.
+
+  @classmethod
+  def of(cls, segment_ids: jax.Array | None) -> "_Examples":
+    if segment_ids is None:
+      return cls(None)
+    starts = jnp.pad(segment_ids[:, 1:] != segment_ids[:, :-1], ((0, 0), (1, 0)),
+                     constant_values=True)  # [B, L]
+    return cls(jnp.cumsum(starts, axis=1, dtype=jnp.int32) - 1)
+
+  def total(self, values: jax.Array) -> jax.Array:
+    if self.index is None:
+      return jnp.sum(values, axis=1, keepdims=True, dtype=values.dtype)  # [B, 1]
+    sums = jnp.zeros(values.shape, values.dtype).at[self._rows(), self.index].add(values)
+    return jnp.take_along_axis(sums, self.index, axis=1)  # [B, L]
+
+  def minimum(self, values: jax.Array) -> jax.Array:
+    if self.index is None:
+      return jnp.min(values, axis=1, keepdims=True)  # [B, 1]
+    lowest = jnp.full(values.shape, jnp.iinfo(values.dtype).max, values.dtype).at[
+        self._rows(), self.index].min(values)
+    return jnp.take_along_axis(lowest, self.index, axis=1)  # [B, L]
+
+  def _rows(self) -> jax.Array:
+    return jnp.arange(self.index.shape[0], dtype=jnp.int32)[:, None]  # [B, 1]
 
 
 def _random_ranks(key: jax.Array, shape: tuple[int, int]) -> jax.Array:
@@ -142,38 +231,45 @@ def _random_ranks(key: jax.Array, shape: tuple[int, int]) -> jax.Array:
   return jnp.uint32(1 << 31) | ((bits >> (index_bits + 1)) << index_bits) | column
 
 
-def _kth_largest(scores: jax.Array, k: jax.Array) -> jax.Array:
-  """scores [B, N] uint32, k [B] >= 1 -> [B] uint32, the k-th largest score of each row.
+def _kth_largest(scores: jax.Array, k: jax.Array, examples: _Examples) -> jax.Array:
+  """scores [B, L] uint32, k [B, L] (or [B, 1] for whole rows) >= 1 -> the k-th largest score of
+  each position's example, same shape as k.
 
   A bitwise binary search, highest bit first (32 counting passes over the row): on CPU it is
   several times faster than `lax.top_k` or a sort, and it is exact for distinct scores.
   """
-  def try_bit(i, kth):  # kth [B]: its bits above bit (31 - i) are final
+  def try_bit(i, kth):  # kth: its bits above bit (31 - i) are final
     candidate = kth | (jnp.uint32(1) << (31 - i).astype(jnp.uint32))
-    count = jnp.sum(scores >= candidate[:, None], axis=1, dtype=jnp.int32)  # [B]
+    count = examples.total((scores >= candidate).astype(jnp.int32))
     return jnp.where(count >= k, candidate, kth)
 
-  return jax.lax.fori_loop(0, 32, try_bit, jnp.zeros(scores.shape[:1], jnp.uint32))
+  return jax.lax.fori_loop(0, 32, try_bit, jnp.zeros(k.shape, jnp.uint32))
 
 
-def _select_tokens(key: jax.Array, eligible: jax.Array, num_to_predict: jax.Array) -> jax.Array:
-  """Uniform choice of `num_to_predict` eligible positions per row -> selected [B, L] bool.
+def _select_tokens(key: jax.Array, eligible: jax.Array, num_to_predict: jax.Array,
+                   examples: _Examples) -> jax.Array:
+  """Uniform choice of `num_to_predict` eligible positions per example -> selected [B, L] bool.
 
-  The eligible positions with the `num_to_predict` largest distinct random scores, i.e. the first
-  ones of a random shuffle, as the original's `rng.shuffle(cand_indexes)`.
+  The eligible positions with the `num_to_predict` largest distinct random scores of their
+  example, i.e. the first ones of a random shuffle, as the original's `rng.shuffle(cand_indexes)`.
   """
   scores = jnp.where(eligible, _random_ranks(key, eligible.shape), jnp.uint32(0))  # [B, L]
-  threshold = _kth_largest(scores, jnp.maximum(num_to_predict, 1))  # [B]
+  threshold = _kth_largest(scores, jnp.maximum(num_to_predict, 1), examples)
   # num_to_predict <= n_eligible, so the threshold is an eligible score (never 0).
-  return eligible & (scores >= threshold[:, None]) & (num_to_predict > 0)[:, None]
+  return eligible & (scores >= threshold) & (num_to_predict > 0)
 
 
 def _select_whole_words(key: jax.Array, eligible: jax.Array, word_starts: jax.Array,
-                        num_to_predict: jax.Array, max_predictions: int) -> jax.Array:
-  """Whole words in random order, skipping any that would overshoot -> selected [B, L] bool.
+                        num_to_predict: jax.Array, segment_ids: jax.Array | None,
+                        max_predictions: int) -> jax.Array:
+  """Whole words of each example in random order, skipping any that would overshoot ->
+  selected [B, L] bool.
 
   A word is an eligible start piece plus the eligible continuation pieces after it; an eligible
-  piece right after an ineligible one starts a word even if `word_starts` is 0 there.
+  piece right after an ineligible one starts a word even if `word_starts` is 0 there. Words never
+  span examples ([CLS] and [SEP] are not eligible), so the row's word slots split into runs, one
+  per example, and each example's room is its own `num_to_predict` ([B, L] per position, or
+  [B, 1] for whole rows).
   """
   batch, length = eligible.shape
   rows = jnp.arange(batch, dtype=jnp.int32)[:, None]
@@ -184,20 +280,29 @@ def _select_whole_words(key: jax.Array, eligible: jax.Array, word_starts: jax.Ar
   word_length = jnp.zeros((batch, length), jnp.int32).at[
       rows, jnp.where(eligible, word_index, length)].add(1, mode="drop")  # [B, W=L]
   scores = _random_ranks(key, (batch, length))  # [B, W]; ascending = the shuffled word order
+  if segment_ids is None:
+    word_examples, room = _Examples.of(None), num_to_predict  # [B, 1]
+  else:  # Each word slot takes its example's segment id and room; unused slots stay 0.
+    slot = jnp.where(is_start, word_index, length)  # [B, L]; non-starts dropped
+    word_examples = _Examples.of(jnp.zeros((batch, length), jnp.int32).at[rows, slot].set(
+        segment_ids, mode="drop"))  # [B, W]
+    room = jnp.zeros((batch, length), jnp.int32).at[rows, slot].set(
+        jnp.broadcast_to(num_to_predict, (batch, length)), mode="drop")  # [B, W]
 
   # The original walks the shuffled words and takes each one that still fits
   # (`if len(masked_lms) + len(index_set) > num_to_predict: continue`). A word skipped once never
-  # fits later (the room only shrinks), so taking, P times, the first untaken word in shuffled
-  # order that fits gives the same words; at most num_to_predict <= min(P, L) words are taken.
+  # fits later (the room only shrinks), so taking, P times, the first untaken word of each
+  # example in shuffled order that fits gives the same words; at most num_to_predict <= min(P, L)
+  # words of an example are taken.
   def take_next(_, carry):
-    taken, room = carry  # [B, W] bool, [B] int32
-    fits = (word_length > 0) & ~taken & (word_length <= room[:, None])  # [B, W]
-    first = jnp.min(jnp.where(fits, scores, jnp.uint32(0xFFFFFFFF)), axis=1)  # [B]
-    pick = fits & (scores == first[:, None])  # [B, W]; at most one word, scores are distinct
-    return taken | pick, room - jnp.sum(jnp.where(pick, word_length, 0), axis=1)
+    taken, room = carry  # [B, W] bool, room per example
+    fits = (word_length > 0) & ~taken & (word_length <= room)  # [B, W]
+    first = word_examples.minimum(jnp.where(fits, scores, jnp.uint32(0xFFFFFFFF)))
+    pick = fits & (scores == first)  # [B, W]; <= one word an example, scores are distinct
+    return taken | pick, room - word_examples.total(jnp.where(pick, word_length, 0))
 
   word_taken, _ = jax.lax.fori_loop(0, min(max_predictions, length), take_next,
-                                    (jnp.zeros((batch, length), jnp.bool_), num_to_predict))
+                                    (jnp.zeros((batch, length), jnp.bool_), room))
   token_taken = jnp.take_along_axis(word_taken, jnp.maximum(word_index, 0), axis=1)  # [B, L]
   return eligible & token_taken
 
@@ -215,7 +320,8 @@ def _nth_non_special(index: jax.Array, special_ids: tuple[int, ...]) -> jax.Arra
 
 @functools.partial(jax.jit, static_argnames=("config",))
 def mask_tokens(rng: jax.Array, input_ids: jax.Array, config: MaskingConfig,
-                word_starts: jax.Array | None = None) -> dict[str, jax.Array]:
+                word_starts: jax.Array | None = None,
+                segment_ids: jax.Array | None = None) -> dict[str, jax.Array]:
   """Corrupts a batch for MLM; `config` is static, everything else traced.
 
   Args:
@@ -223,19 +329,26 @@ def mask_tokens(rng: jax.Array, input_ids: jax.Array, config: MaskingConfig,
     input_ids: [B, L] int token ids ([L] also works, e.g. under vmap over rows).
     config: the `MaskingConfig` (hashable, so equal configs share one compilation).
     word_starts: [B, L], 1 at the first piece of each word; needed when whole_word_masking.
+    segment_ids: [B, L], k on the tokens of a row's k-th example (each example a contiguous
+      run), 0 on padding; each example gets its own count of targets. None: a row is one example.
 
   Returns:
     dict with `input_ids` [B, L] int32 (corrupted), `masked_lm_positions` [B, P] int32 (ascending,
     0 in unused slots), `masked_lm_ids` [B, P] int32 (original tokens, 0 in unused slots) and
     `masked_lm_weights` [B, P] float32 (1.0 for a target, 0.0 for an unused slot), P =
-    `config.max_predictions_per_seq`.
+    `config.max_predictions_per_seq`. A row whose examples need more than P targets in all
+    (which the config check on P rules out) keeps its first P selected positions.
   """
   if input_ids.ndim == 1:  # One row (e.g. vmapped over rows): add and drop a batch axis.
     row_starts = None if word_starts is None else word_starts[None]
-    out = mask_tokens(rng, input_ids[None], config, row_starts)
+    row_segments = None if segment_ids is None else segment_ids[None]
+    out = mask_tokens(rng, input_ids[None], config, row_starts, row_segments)
     return {name: value[0] for name, value in out.items()}
   if input_ids.ndim != 2:
     raise ValueError(f"input_ids must be [B, L] (or [L]), got shape {input_ids.shape}")
+  if segment_ids is not None and segment_ids.shape != input_ids.shape:
+    raise ValueError(f"segment_ids shape {segment_ids.shape} != input_ids shape "
+                     f"{input_ids.shape}")
   input_ids = input_ids.astype(jnp.int32)  # [B, L]
   batch, length = input_ids.shape
   num_slots = config.max_predictions_per_seq  # P
@@ -243,8 +356,11 @@ def mask_tokens(rng: jax.Array, input_ids: jax.Array, config: MaskingConfig,
 
   special = jnp.asarray(config.special_token_ids, jnp.int32)
   eligible = ~jnp.isin(input_ids, special)  # [B, L]; padding is one of the specials, [UNK] not
-  n_eligible = jnp.sum(eligible, axis=1, dtype=jnp.int32)  # [B]
-  num_to_predict = jnp.asarray(_num_to_predict_table(length, config))[n_eligible]  # [B]
+  segment_ids = None if segment_ids is None else segment_ids.astype(jnp.int32)
+  examples = _Examples.of(segment_ids)
+  # Each position holds its example's eligible count and targets ([B, 1]: whole rows).
+  n_eligible = examples.total(eligible.astype(jnp.int32))
+  num_to_predict = jnp.asarray(_num_to_predict_table(length, config))[n_eligible]
 
   if config.whole_word_masking:
     if word_starts is None:
@@ -254,12 +370,13 @@ def mask_tokens(rng: jax.Array, input_ids: jax.Array, config: MaskingConfig,
       raise ValueError(f"word_starts shape {word_starts.shape} != input_ids shape "
                        f"{input_ids.shape}")
     selected = _select_whole_words(select_key, eligible, word_starts, num_to_predict,
-                                    num_slots)
+                                    segment_ids, num_slots)
   else:
-    selected = _select_tokens(select_key, eligible, num_to_predict)  # [B, L]
+    selected = _select_tokens(select_key, eligible, num_to_predict, examples)  # [B, L]
 
   # Slot j of a row holds its j-th selected position (ascending, as the original sorts its
-  # masked_lms by index); at most P are selected, unused slots keep the sentinel L.
+  # masked_lms by index; a packed row's examples one after another); unused slots keep the
+  # sentinel L.
   slot = jnp.cumsum(selected, axis=1, dtype=jnp.int32) - 1  # [B, L]
   rows = jnp.arange(batch, dtype=jnp.int32)[:, None]
   positions = jnp.full((batch, num_slots), length, jnp.int32).at[

@@ -46,6 +46,8 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 
+from bert_jax import splash
+
 # Logical axis names of parameters and activations.
 BATCH = "batch"
 LENGTH = "length"
@@ -117,9 +119,12 @@ class BertConfig:
   param_dtype: Dtype = _field(jnp.float32, RUN)
   dropout_rng: str = _field("hash", RUN)  # Random bits of dropout masks (see `dropout`).
   # Attention where no attention dropout applies: jax.nn.dot_product_attention's "xla"
-  # (anywhere) or "cudnn" (NVIDIA GPUs, fused), or "einsum" (the explicit scores + softmax
-  # path that attention dropout always takes; a reference).
-  attention_impl: str = _field("xla", RUN)
+  # (anywhere) or "cudnn" (NVIDIA GPUs, fused), Pallas "splash" (TPUs, fused; `splash.py`),
+  # "auto" (`resolve_attention_impl`: splash on TPUs, cudnn on NVIDIA GPUs in bfloat16, else
+  # xla) or "einsum" (the explicit scores + softmax path that attention dropout always takes).
+  attention_impl: str = _field("auto", RUN)
+  splash_block_q: int = _field(0, RUN)  # "splash": query rows per block (0: min(512, L)).
+  splash_block_kv: int = _field(0, RUN)  # "splash": key rows per block (0: min(512, L)).
   # The embedding table and MLM bias get vocab_size rounded up to a multiple of this many rows
   # (1 = no padding; the layout of exchange formats and of configs saved before the field
   # existed); configs/base.py sets 128.
@@ -216,7 +221,7 @@ def _gelu(x):
 ACTIVATIONS = {"gelu": _gelu, "gelu_new": lambda x: nn.gelu(x, approximate=True),
                "relu": nn.relu}
 DROPOUT_RNGS = ("hash", "threefry")
-ATTENTION_IMPLS = ("xla", "cudnn", "einsum")
+ATTENTION_IMPLS = ("auto", "xla", "cudnn", "splash", "einsum")
 POOLINGS = ("cls", "mean")
 # What a layer's backward pass recomputes instead of keeping from the forward pass: "none"
 # keeps everything, "full" recomputes the whole layer, "dots" keeps the matmul outputs of the
@@ -522,27 +527,57 @@ class SelfAttention(nn.Module):
                                                               self.local)
     rate = 0.0 if self.deterministic else c.attention_probs_dropout_prob
     dropout_key = self.make_rng("dropout") if rate > 0.0 else None
-    context = _attend(c, rate, segment_ids, mask, self.local)(query, key, value,
-                                                             dropout_key)  # [B, L, N, D]
+    context = _attend(c, resolve_attention_impl(c), rate, segment_ids, mask, self.local)(
+        query, key, value, dropout_key)  # [B, L, N, D]
     return _Einsum(c, (*heads, c.hidden_size), (HEADS, KV, EMBED), (c.hidden_size,), (EMBED,),
                    "blnd,ndh->blh", name="output")(context)  # [B, L, H]
 
 
-def _attend(config: BertConfig, rate: float, segment_ids, mask, local: bool):
+def resolve_attention_impl(config: BertConfig, device=None) -> str:
+  """config.attention_impl with "auto" decided for `device` (default: this process's first):
+  "splash" on a TPU, "cudnn" on an NVIDIA GPU when the compute dtype is bfloat16 and the head
+  size one cuDNN takes (<= 128, a multiple of 8; it refuses float32), else "xla"."""
+  if config.attention_impl != "auto":
+    return config.attention_impl
+  device = jax.devices()[0] if device is None else device
+  if device.platform == "tpu":
+    return "splash"
+  if (device.platform == "gpu" and "nvidia" in device.device_kind.lower()
+      and config.dtype == jnp.bfloat16 and config.head_dim <= 128 and config.head_dim % 8 == 0):
+    return "cudnn"
+  return "xla"
+
+
+def attention_note(config: BertConfig) -> str:
+  """One log line: the attention a run uses, with and without attention dropout."""
+  impl = resolve_attention_impl(config)
+  chosen = f"{impl!r} (attention_impl='auto')" if config.attention_impl == "auto" else repr(impl)
+  rate = config.attention_probs_dropout_prob
+  training = f"; training with attention dropout {rate} takes 'einsum'" if rate > 0.0 else ""
+  return f"Attention: {chosen} where no attention dropout applies{training}"
+
+
+def _attend(config: BertConfig, impl: str, rate: float, segment_ids, mask, local: bool):
   """The attention of one layer kind as a pure function (query, key, value, dropout key) ->
-  context [B, L, N, D]: the fused `jax.nn.dot_product_attention` where no attention dropout
-  applies (cudnn skips what a local window excludes), else the einsum forms."""
+  context [B, L, N, D]: with `impl` (resolved) "splash" or "cudnn", a fused kernel where no
+  attention dropout applies (both skip what a local window excludes); else the einsum forms,
+  or `jax.nn.dot_product_attention`'s "xla" for global layers without dropout."""
   half = config.local_attention // 2
 
   def attend(query, key, value, dropout_key):
-    if rate == 0.0 and config.attention_impl == "cudnn":
+    if rate == 0.0 and impl == "splash":
+      return splash.splash_attention(
+          query, key, value, segment_ids, half_window=half if local else 0,
+          block_q=config.splash_block_q, block_kv=config.splash_block_kv,
+          axes=(BATCH, LENGTH, HEADS, KV))
+    if rate == 0.0 and impl == "cudnn":
       return jax.nn.dot_product_attention(
           query, key, value, mask=mask, implementation="cudnn",
           local_window_size=(half, half) if local else None)
     if local:
       return local_attention(query, key, value, segment_ids, half,
                              lambda probs: dropout(probs, rate, dropout_key, config.dropout_rng))
-    if rate == 0.0 and config.attention_impl == "xla":
+    if rate == 0.0 and impl == "xla":
       return jax.nn.dot_product_attention(query, key, value, mask=mask, implementation="xla")
     return einsum_attention(query, key, value, mask,
                             lambda probs: dropout(probs, rate, dropout_key, config.dropout_rng))
@@ -660,7 +695,11 @@ class Encoder(nn.Module):
 
   @nn.compact
   def __call__(self, x, mask, segment_ids, position_ids, deterministic: bool):
+    # Init needs only the params' shapes, which no attention kind changes ("splash" needs L a
+    # multiple of 128; shape checks init with L = 2).
     c = self.config
+    if self.is_initializing():
+      c = dataclasses.replace(c, attention_impl="xla")
     inputs = (mask, segment_ids, position_ids)
     params = self.param("layers", functools.partial(_stacked_layer_params, c), x, *inputs)
     rate = max(c.hidden_dropout_prob, c.attention_probs_dropout_prob)

@@ -31,7 +31,7 @@ def peak_flops(task: Task) -> float | None:
 
 class MetricSums:
   """Host-side sums of step metrics (`steps.train_step`'s: the task's sums and counts, loss,
-  grad_norm, learning_rate, real_tokens); checks every step's loss is finite."""
+  grad_norm, learning_rate, real_tokens, examples); checks every step's loss is finite."""
 
   def __init__(self, task: Task):
     self.task = task
@@ -57,6 +57,8 @@ class MetricSums:
     report["grad_norm"] = self.sums["grad_norm"] / max(self.steps, 1)
     report["learning_rate"] = self.last.get("learning_rate", 0.0)
     report["real_tokens"] = self.sums["real_tokens"]  # Over the interval's steps.
+    # batch_size counts rows, and a row packs up to K examples: the examples a step learns from.
+    report["examples_per_step"] = self.sums["examples"] / max(self.steps, 1)
     self.sums.clear()
     self.steps = 0
     return report

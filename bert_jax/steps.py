@@ -44,8 +44,8 @@ def train_step(state: TrainState, batch: dict, rng, *, task: Task,
 
   The loss is normalised by the counts of the whole batch, so accumulating microbatch gradients
   gives exactly the full-batch gradient. Params under `task.frozen` are carried over as they
-  are (bit-identical whatever the float rules). Returns metrics as sums and counts plus loss,
-  grad_norm (of the trained params) and the learning rate used.
+  are (bit-identical whatever the float rules). Returns metrics as sums and counts (the task's,
+  real_tokens, examples) plus loss, grad_norm (of the trained params) and the learning rate used.
   """
   rng = jax.random.fold_in(rng, state.step)
   prepare_rng, dropout_rng = jax.random.split(rng)
@@ -77,7 +77,8 @@ def train_step(state: TrainState, batch: dict, rng, *, task: Task,
   params = {**params, **{name: state.params[name] for name in task.frozen}}
   trained_grads = {k: v for k, v in grads.items() if k not in task.frozen}
   metrics = {**sums, "loss": loss, "grad_norm": optax.tree.norm(trained_grads),
-             "learning_rate": schedule(state.step), "real_tokens": task.real_tokens(batch)}
+             "learning_rate": schedule(state.step), "real_tokens": task.real_tokens(batch),
+             "examples": task.examples(batch)}
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 

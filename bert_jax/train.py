@@ -143,6 +143,7 @@ def _initial_params(config, model_config: BertConfig, vocab: Vocab | None):
     from bert_jax import weights  # Imports HF/TF readers only when needed.
     source = config.init_from
     loaded_config, params, loaded_vocab = weights.load_pretrained(source)
+    _check_positions(loaded_config, config, source)
     checkpointing.check_compatible(dataclasses.asdict(loaded_config),
                                    dataclasses.asdict(model_config), source)
     checkpointing.check_same_vocab(
@@ -150,3 +151,15 @@ def _initial_params(config, model_config: BertConfig, vocab: Vocab | None):
         source, config.checkpoint.allow_vocab_change)
     return params
   return load
+
+
+def _check_positions(loaded_config: BertConfig, config, source: str) -> None:
+  """A later phase at a longer length (BERT's 512 after 128) reads rows of the learned position
+  table the earlier phase must already have: the table cannot grow when the weights carry over."""
+  rows, length = loaded_config.max_position_embeddings, config.data.max_seq_length
+  if loaded_config.position_embedding == "learned" and rows < length:
+    raise ValueError(
+        f"{source} has max_position_embeddings={rows}, fewer than config.data.max_seq_length="
+        f"{length}: its position table cannot grow. Pretrain the first phase with "
+        f"--config.model.max_position_embeddings>={length} (the original has 512 rows from the "
+        "start: trained at 128 tokens, then at 512)")

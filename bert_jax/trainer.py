@@ -22,7 +22,7 @@ import flax.linen as nn
 import jax
 from absl import logging
 
-from bert_jax import checkpointing, evaluation, programs, resume, sharding
+from bert_jax import checkpointing, evaluation, model, programs, resume, sharding
 from bert_jax.data.vocab import Vocab
 from bert_jax.metrics_writer import MetricWriter
 from bert_jax.preemption import PreemptionFlag
@@ -170,6 +170,7 @@ def train(config, workdir: str, run: Run) -> dict[str, Any]:
       if data_state is not None:
         run.train_iter.set_state(json.loads(data_state))
       programs.compile_step(config, run.task, mesh, prog, writer.log)
+      writer.log(model.attention_note(run.task.model_config))
       first_step = int(jax.device_get(state.step))
       reporter = Reporter(config, run.task, writer, workdir, first_step)
       loop = _Loop(config, run, prog, mesh, reporter, checkpointer, best_export, best,

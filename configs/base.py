@@ -62,8 +62,12 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.remat = "dots"
   config.model.dtype = "float32"  # Compute dtype: "float32" or "bfloat16".
   config.model.param_dtype = "float32"  # Parameter (and optimizer state) dtype.
-  config.model.attention_impl = "xla"  # Attention where no attention dropout applies: "xla"
-  #                         (anywhere), "cudnn" (NVIDIA GPUs, fused) or "einsum" (reference).
+  # Attention where no attention dropout applies: "auto" (splash on TPUs, cudnn on NVIDIA GPUs
+  # in bfloat16, else xla), "xla" (anywhere), "cudnn" (NVIDIA GPUs, fused), "splash" (TPUs,
+  # Pallas; interpreted elsewhere, slowly) or "einsum" (reference). Attention dropout: einsum.
+  config.model.attention_impl = "auto"
+  config.model.splash_block_q = 0  # "splash": query rows per block, 128k | L (0: min(512, L)).
+  config.model.splash_block_kv = 0  # "splash": key rows per block, 128k | L (0: min(512, L)).
   # Rows of the embedding table / MLM bias: vocab_size rounded up to a multiple of this, so the
   # vocabulary splits over mesh.tensor (30522 -> 30592 at 128); 1 = no padding. Padded rows are
   # never drawn, looked up or predicted; exported weights hold the real vocab_size rows.
@@ -92,7 +96,11 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.span_warmup_steps = 0
   config.data.span_warmup_start = 64  # Span length at step 0 (tokens).
   config.data.short_seq_prob = 0.1  # Fraction of examples with a random shorter target length.
-  config.data.dupe_factor = 5  # Passes over the corpus, each with its own seed (as the original).
+  # Passes over the corpus, each with its own seed (as the original). 5, not the original flag's
+  # default 10 (its README's command uses 5): its copies existed to give each example 10 static
+  # masks, while masking here is drawn anew every step, so a pass only varies the NSP pairs and
+  # chunk boundaries; 5 halves preparation time and disk (`tiny.py` uses 2).
+  config.data.dupe_factor = 5
   config.data.validation_fraction = 0.01  # Documents held out for the validation split.
   config.data.vocab_model_type = "unigram"  # sentencepiece model type for the builtin corpus.
   config.data.builtin_max_mb = 0.0  # Cap on built-in corpus text in MB (0 = all of it).
@@ -109,8 +117,9 @@ def get_config() -> ml_collections.ConfigDict:
   # The rate held-out evaluation masks at (ModernBERT trains at 0.3, evaluates at 0.15); 0: the
   # training rate, mask_prob.
   config.masking.eval_mask_prob = 0.0
-  # P: static number of target slots per row. Targets are 15% of a row's eligible tokens, so P
-  # must cover a full row: P >= round(mask_prob * max_seq_length) (checked; 20 for 128).
+  # P: static number of target slots per row. Each example of a row gets max(1, round(mask_prob
+  # x its eligible tokens)) targets, so P must cover the most a row's K examples can need
+  # together (checked: 19 at L=128 with K=4, 80 at L=512 with K=16).
   config.masking.max_predictions_per_seq = 20
   config.masking.mask_token_prob = 0.8  # Of the selected: replaced by [MASK].
   config.masking.random_token_prob = 0.1  # Of the selected: replaced by a random token.
@@ -119,7 +128,9 @@ def get_config() -> ml_collections.ConfigDict:
 
   # ---------------------------------------------------------------- train
   config.train = ml_collections.ConfigDict()
-  config.train.batch_size = 256  # Global batch size (sequences per optimizer step).
+  # Global batch size in ROWS per optimizer step; a row packs up to max_examples_per_row
+  # examples, so a step learns from more examples than rows (metrics.jsonl: examples_per_step).
+  config.train.batch_size = 256
   config.train.num_train_steps = 1_000_000  # Optimizer steps.
   # "bert_adamw": google-research/bert's AdamWeightDecayOptimizer (no bias correction, eps
   # outside the sqrt, decoupled decay); "adamw": optax's bias-corrected AdamW; "lamb";
@@ -140,7 +151,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.b1 = 0.9  # Adam beta1.
   config.train.b2 = 0.999  # Adam beta2.
   config.train.eps = 1e-6  # Adam epsilon (BERT uses 1e-6).
-  config.train.max_grad_norm = 1.0  # Clip by global norm (0 disables).
+  # Clip by global norm (0 disables): one norm over the whole batch's gradient (the original
+  # clipped per TPU core, each core's gradient before the cross-core sum).
+  config.train.max_grad_norm = 1.0
   config.train.grad_accum_steps = 1  # Microbatches per step; batch_size must divide by it.
   config.train.log_every_steps = 100  # Console / TensorBoard / metrics.jsonl interval.
   # Held-out evaluation interval; the last step is always evaluated (0: the last step only).

@@ -120,6 +120,7 @@ _SHARED_BAD = [
     ("model.local_rope_theta", -1.0), ("model.local_attention", 7),
     ("model.local_attention", -2), ("model.global_attn_every_n_layers", 0),
     ("model.classifier_pooling", "max"), ("model.type_vocab_size", -1),
+    ("model.splash_block_q", 100), ("model.splash_block_kv", -128),
     ("train.decay_fraction", 1.5), ("train.decay_shape", "cosine"),
     ("train.batch_size", True), ("train.batch_size", 0),
     ("train.optimizer", "sgd"), ("train.schedule", "cosine"), ("train.learning_rate", -1),

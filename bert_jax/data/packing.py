@@ -56,6 +56,14 @@ def examples_per_row(objective: str, max_examples_per_row: int) -> int:
   return 1 if objective == "mlm" else max_examples_per_row
 
 
+def example_specials(objective: str) -> tuple[int, int]:
+  """(tokens of an example that are never masked, fewest tokens of an example) in an objective's
+  rows: [CLS] A [SEP] B [SEP] with A and B non-empty for "mlm_nsp" (3, 5); [CLS] text [SEP] for
+  "mlm" (2, 3). Masking gives each example its own count of targets, so the most a row can need
+  (`masking.max_targets_per_row`, the check on max_predictions_per_seq) depends on them."""
+  return (2, 3) if objective == "mlm" else (3, 5)
+
+
 def pack(lengths: Sequence[int], capacity: int, max_per_row: int) -> list[list[int]]:
   """Best-fit-decreasing bin packing: item indices grouped into rows.
 

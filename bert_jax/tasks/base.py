@@ -81,6 +81,10 @@ class Task:
     key = "segment_ids" if "segment_ids" in batch else "attention_mask"
     return jnp.sum((batch[key] > 0).astype(jnp.float32))
 
+  def examples(self, batch: Batch) -> jax.Array:
+    """Examples in a (prepared) train batch (f32 scalar): one a row unless rows pack several."""
+    return jnp.float32(batch["input_ids"].shape[0])
+
   def loss(self, sums: dict[str, jax.Array], counts: dict[str, jax.Array]) -> jax.Array:
     return sum(sums[total] / jnp.maximum(counts[count], 1.0) for total, count in self.loss_terms)
 

@@ -1,7 +1,9 @@
 """BERT's pretraining task: masked LM (masking inside the jitted step) + next sentence
 prediction, on `BertForPreTraining`, over rows that pack up to K examples (K = 1: unpacked).
 Batch fields: WORKSPACE.md, "Batch". The MLM-only objective is the same task with every
-`nsp_weights` 0 (the NSP loss and its count are then 0).
+`nsp_weights` 0 (the NSP loss and its count are then 0). Each example of a row is masked as the
+original masks one instance (its own count of targets: `masking.mask_tokens`); the train metrics
+add the examples of each step (`examples`) and the mean targets per example.
 
 Two options of the modern recipe live here: evaluation may mask at another rate than training
 (`eval_masking`: ModernBERT trains at 30% and evaluates at 15%), and MLM-only rows may be cut
@@ -56,16 +58,18 @@ class PretrainingTask(Task):
             "nsp_weights": ((self.examples_per_row,), jnp.float32)}
 
   def prepare(self, batch: Batch, rng: jax.Array, step: jax.Array) -> Batch:
-    """Cuts rows into spans while the example-length warmup lasts, then masks the batch: adds
-    masked_lm_{positions,ids,weights}, corrupts input_ids."""
+    """Masks the batch (adds masked_lm_{positions,ids,weights}, corrupts input_ids), each
+    example of a row on its own, then cuts rows into spans while the example-length warmup
+    lasts (the spans change attention and positions, not what an example's targets are)."""
+    batch = _masked(batch, rng, self.masking, self.examples_per_row)
     if self.span_warmup_steps:
       batch = cut_into_spans(batch, span_length(step, self.span_warmup_start,
                                                 self.span_warmup_steps, self.seq_len))
-    return _masked(batch, rng, self.masking)
+    return batch
 
   def prepare_eval(self, batch: Batch, rng: jax.Array) -> Batch:
-    """Masks whole rows at the evaluation rate."""
-    return _masked(batch, rng, self.eval_masking or self.masking)
+    """Masks each example at the evaluation rate, over whole rows (no spans)."""
+    return _masked(batch, rng, self.eval_masking or self.masking, self.examples_per_row)
 
   def loss_counts(self, batch: Batch) -> dict[str, jax.Array]:
     return {"mlm_count": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
@@ -82,12 +86,22 @@ class PretrainingTask(Task):
   def loss_sums(self, params, batch: Batch, dropout_rng: jax.Array | None) -> dict[str, jax.Array]:
     return losses.pretraining_sums(self._forward(params, batch, dropout_rng), batch)
 
+  def examples(self, batch: Batch) -> jax.Array:
+    """The real examples of a batch: slot k of a row is one when its [CLS] lies in the row's
+    k-th example (an empty slot points at position 0, in example 1), so MLM-only rows count 1
+    each (also once cut into spans) and NSP rows their examples."""
+    segment_at_cls = jnp.take_along_axis(batch["segment_ids"], batch["cls_positions"], axis=1)
+    slot = jnp.arange(1, batch["cls_positions"].shape[1] + 1, dtype=segment_at_cls.dtype)
+    return jnp.sum((segment_at_cls == slot[None, :]).astype(jnp.float32))
+
   def eval_outputs(self, params, batch: Batch) -> tuple[dict, dict]:
     sums = losses.pretraining_sums(self._forward(params, batch, None), batch)
     return {}, sums  # Exact means need the sums only.
 
   def report(self, sums: dict[str, float]) -> dict[str, float]:
-    return losses.means(sums)
+    # Targets per example: each example's own min(P, max(1, round(mask_prob x n))), on average.
+    return {**losses.means(sums),
+            "targets_per_example": float(sums["mlm_count"]) / max(float(sums["examples"]), 1.0)}
 
   def scores(self, outputs: dict[str, np.ndarray], sums: dict[str, float], data) -> Scores:
     del outputs, data
@@ -108,9 +122,14 @@ class PretrainingTask(Task):
                                           self.masking.max_predictions_per_seq)
 
 
-def _masked(batch: Batch, rng: jax.Array, masking: MaskingConfig) -> Batch:
+def _masked(batch: Batch, rng: jax.Array, masking: MaskingConfig, examples_per_row: int
+            ) -> Batch:
+  """Masks each example of a row (`segment_ids`) as the original masks one instance. A row of
+  K = 1 (or a test's bare rows, without segment ids) is one example and padding: masked as a
+  whole row, which draws the same targets with less work."""
   word_starts = batch["word_starts"] if masking.whole_word_masking else None
-  return {**batch, **mask_tokens(rng, batch["input_ids"], masking, word_starts)}
+  segment_ids = batch.get("segment_ids") if examples_per_row > 1 else None
+  return {**batch, **mask_tokens(rng, batch["input_ids"], masking, word_starts, segment_ids)}
 
 
 def span_length(step: jax.Array, start: int, warmup_steps: int, seq_len: int) -> jax.Array:
