@@ -25,6 +25,7 @@ import time
 
 from absl import app
 from absl import flags
+from proc_rss import tree_rss_bytes
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
@@ -92,34 +93,6 @@ def _make_corpora() -> dict[float, str]:
   return paths
 
 
-def _tree_rss_bytes(root_pid: int) -> tuple[int, int]:
-  """(sum, max) of VmRSS over `root_pid` and its descendants."""
-  children: dict[int, list[int]] = {}
-  for name in os.listdir("/proc"):
-    if not name.isdigit():
-      continue
-    try:
-      with open(f"/proc/{name}/stat") as f:
-        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-      continue
-    children.setdefault(ppid, []).append(int(name))
-  total, largest, stack = 0, 0, [root_pid]
-  while stack:
-    pid = stack.pop()
-    stack.extend(children.get(pid, []))
-    try:
-      with open(f"/proc/{pid}/status") as f:
-        for line in f:
-          if line.startswith("VmRSS:"):
-            rss = int(line.split()[1]) * 1024
-            total += rss
-            largest = max(largest, rss)
-    except OSError:
-      pass
-  return total, largest
-
-
 def _run_child(args: list[str]) -> dict:
   """Runs this script in a child mode; returns its JSON result plus the tree's peak RSS."""
   process = subprocess.Popen([sys.executable, os.path.abspath(__file__), *args],
@@ -128,7 +101,7 @@ def _run_child(args: list[str]) -> dict:
 
   def sample() -> None:
     while process.poll() is None:
-      total, largest = _tree_rss_bytes(process.pid)
+      total, largest = tree_rss_bytes(process.pid)
       peak[0], peak[1] = max(peak[0], total), max(peak[1], largest)
       time.sleep(0.05)
 

@@ -5,7 +5,12 @@ numpy / scipy docstrings) with the same recipe, and a table of the validation sc
 Encoders: `name=path` pairs, a path being anything config.init_from takes (a pretraining
 workdir, a bert_jax pretrained directory, ...), or `name=scratch`: random init, the model of
 --scratch_config and the vocabulary of --scratch_vocab (default: the first listed encoder's, so
-that the runs differ in the initial weights only).
+that the runs differ in the initial weights only); `name=scratch:configs.modern_tiny` takes the
+model of that config module instead.
+
+--train_examples N fine-tunes on a seeded sample of N training examples of each task (the same
+N for every encoder and seed; validation unchanged): the low-data regime, where what an encoder
+brings from pretraining shows most.
 
 Fine-tuning recipe, the same for every encoder and task: configs/finetune_<task>.py with batch
 32, 3 epochs, warmup 10%, learning rate --learning_rate, one evaluation at the end, in-process
@@ -25,9 +30,11 @@ Run:
 """
 
 import argparse
+import dataclasses
 import importlib
 import json
 import os
+import random
 import statistics
 import sys
 import tempfile
@@ -54,11 +61,29 @@ def parse_encoders(text: str) -> dict[str, str]:
   return encoders
 
 
+def is_scratch(path: str) -> bool:
+  """"scratch" or "scratch:<config module>": random init."""
+  return path == SCRATCH or path.startswith(SCRATCH + ":")
+
+
+def sample_train(task: local_suite.LocalTask, n: int, directory: str) -> local_suite.LocalTask:
+  """The task with a seeded sample of `n` of its training examples (file order kept)."""
+  with open(task.train_file) as f:
+    lines = f.readlines()
+  if n > len(lines):
+    raise SystemExit(f"--train_examples={n}: {task.name} has only {len(lines)}")
+  keep = sorted(random.Random(f"{task.name}-{n}").sample(range(len(lines)), n))
+  path = os.path.join(directory, f"{task.name}-train-{n}.jsonl")
+  with open(path, "w") as f:
+    f.writelines(lines[i] for i in keep)
+  return dataclasses.replace(task, train_file=path)
+
+
 def scratch_vocab(encoders: dict[str, str], given: str) -> str:
   """The vocabulary file of from-scratch runs: --scratch_vocab, else the first encoder's."""
   if given:
     return given
-  pretrained = [p for p in encoders.values() if p != SCRATCH]
+  pretrained = [p for p in encoders.values() if not is_scratch(p)]
   if not pretrained:
     raise SystemExit("--encoders has no pretrained encoder to take the vocabulary of; "
                      "give --scratch_vocab")
@@ -71,8 +96,9 @@ def task_config(task: local_suite.LocalTask, init_from: str, args, vocab: str, s
   """configs/finetune_<task>.py with the suite's files and the benchmark's recipe."""
   config = importlib.import_module(f"configs.finetune_{task.task}").get_config()
   config.seed = seed
-  if init_from == SCRATCH:
-    model = importlib.import_module(args.scratch_config).get_config().model
+  if is_scratch(init_from):
+    module = init_from.partition(":")[2] or args.scratch_config
+    model = importlib.import_module(module).get_config().model
     config.model.update({k: v for k, v in model.items() if k != "vocab_size"})
     config.vocab = vocab
   else:
@@ -102,7 +128,7 @@ def run_one(task, name, init_from, args, vocab, seed, root) -> dict:
           "validation_examples": result["validation_examples"],
           "validation_truncated": result["validation_truncated"],
           "learning_rate": args.learning_rate, "epochs": args.epochs, "batch_size": 32,
-          "freeze_encoder": args.freeze_encoder}
+          "freeze_encoder": args.freeze_encoder, "train_sample": args.train_examples}
 
 
 def print_table(rows: list[dict], encoders: list[str]) -> None:
@@ -126,36 +152,53 @@ def print_table(rows: list[dict], encoders: list[str]) -> None:
     print(f"{encoder}: {total:.1f} min for the suite ({len(tasks)} tasks, all seeds)")
 
 
-def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--encoders", required=True, help="name=path,...; path 'scratch': random "
-                      "init")
-  parser.add_argument("--output", default=RESULTS, help="JSONL of one row per run (rewritten)")
-  parser.add_argument("--suite_dir", default="", help="where the suite's files go (default: a "
-                      "temporary directory)")
-  parser.add_argument("--tasks", default="", help="comma-separated task names (default: all)")
-  parser.add_argument("--seeds", type=int, default=1)
-  parser.add_argument("--learning_rate", type=float, default=3e-4)
-  parser.add_argument("--epochs", type=float, default=3.0)
-  parser.add_argument("--freeze_encoder", action="store_true", help="train the head only (a "
-                      "probe of the encoder's features; wants a larger --learning_rate)")
-  parser.add_argument("--scratch_config", default="configs.tiny",
-                      help="config module whose model a scratch encoder has")
-  parser.add_argument("--scratch_vocab", default="", help="vocabulary of scratch encoders")
-  args = parser.parse_args()
-  encoders = parse_encoders(args.encoders)
-  vocab = scratch_vocab(encoders, args.scratch_vocab) if SCRATCH in encoders.values() else ""
+def parser() -> argparse.ArgumentParser:
+  """The suite's flags (benchmarks/recipes.py --finetune takes them too)."""
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=False)
+  p.add_argument("--suite_dir", default="", help="where the suite's files go (default: a "
+                 "temporary directory)")
+  p.add_argument("--tasks", default="", help="comma-separated task names (default: all)")
+  p.add_argument("--seeds", type=int, default=1)
+  p.add_argument("--train_examples", type=int, default=0, help="fine-tune on a seeded sample "
+                 "of this many training examples of each task (0: all)")
+  p.add_argument("--learning_rate", type=float, default=3e-4)
+  p.add_argument("--epochs", type=float, default=3.0)
+  p.add_argument("--freeze_encoder", action="store_true", help="train the head only (a probe "
+                 "of the encoder's features; wants a larger --learning_rate)")
+  p.add_argument("--scratch_config", default="configs.tiny",
+                 help="config module whose model a scratch encoder has")
+  p.add_argument("--scratch_vocab", default="", help="vocabulary of scratch encoders")
+  return p
+
+
+def run(encoders: dict[str, str], args) -> list[dict]:
+  """Every (task, seed, encoder) fine-tuned and scored: one row each, printed as it ends."""
+  vocab = (scratch_vocab(encoders, args.scratch_vocab)
+           if any(map(is_scratch, encoders.values())) else "")
   rows = []
   with tempfile.TemporaryDirectory(prefix="local_suite_") as tmp:
     suite_dir = args.suite_dir or os.path.join(tmp, "suite")
     suite = local_suite.build(suite_dir)
     wanted = set(filter(None, args.tasks.split(",")))
     suite = [t for t in suite if not wanted or t.name in wanted]
+    if args.train_examples:
+      suite = [sample_train(t, args.train_examples, tmp) for t in suite]
     for task in suite:
       for seed in range(args.seeds):
         for name, init_from in encoders.items():
           rows.append(run_one(task, name, init_from, args, vocab, seed, tmp))
           print(json.dumps(rows[-1]), flush=True)
+  return rows
+
+
+def main():
+  p = argparse.ArgumentParser(description=__doc__.splitlines()[0], parents=[parser()])
+  p.add_argument("--encoders", required=True, help="name=path,...; path 'scratch' or "
+                 "'scratch:<config module>': random init")
+  p.add_argument("--output", default=RESULTS, help="JSONL of one row per run (rewritten)")
+  args = p.parse_args()
+  encoders = parse_encoders(args.encoders)
+  rows = run(encoders, args)
   os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
   with open(args.output, "w") as f:
     f.writelines(json.dumps(row) + "\n" for row in rows)

@@ -26,6 +26,7 @@ import threading
 import time
 
 from absl import app, flags
+from proc_rss import tree_rss_bytes
 
 flags.DEFINE_string("baseline_repo", "", "Another bert_jax checkout to measure side by side.")
 flags.DEFINE_list("sizes_mb", ["20", "100"], "Corpus sizes in MB.")
@@ -112,30 +113,6 @@ def _corpora() -> tuple[dict[float, str], str]:
   return paths, vocab_file
 
 
-def _tree_rss_bytes(root_pid: int) -> int:
-  """VmRSS summed over `root_pid` and its descendants."""
-  children: dict[int, list[int]] = {}
-  for name in os.listdir("/proc"):
-    if not name.isdigit():
-      continue
-    try:
-      with open(f"/proc/{name}/stat") as f:
-        ppid = int(f.read().rsplit(")", 1)[1].split()[1])
-    except (OSError, IndexError, ValueError):
-      continue
-    children.setdefault(ppid, []).append(int(name))
-  total, stack = 0, [root_pid]
-  while stack:
-    pid = stack.pop()
-    stack.extend(children.get(pid, []))
-    try:
-      with open(f"/proc/{pid}/status") as f:
-        total += next((int(l.split()[1]) * 1024 for l in f if l.startswith("VmRSS:")), 0)
-    except OSError:
-      pass
-  return total
-
-
 def _measure(repo: str, corpus_file: str, vocab_file: str) -> dict:
   output = os.path.join(FLAGS.work_dir, "out")
   shutil.rmtree(output, ignore_errors=True)
@@ -147,7 +124,7 @@ def _measure(repo: str, corpus_file: str, vocab_file: str) -> dict:
 
   def sample() -> None:
     while process.poll() is None:
-      peak[0] = max(peak[0], _tree_rss_bytes(process.pid))
+      peak[0] = max(peak[0], tree_rss_bytes(process.pid)[0])
       time.sleep(0.05)
 
   sampler = threading.Thread(target=sample, daemon=True)

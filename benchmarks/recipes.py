@@ -26,6 +26,11 @@ Run:
   <venv>/bin/python benchmarks/recipes.py --workdir=/tmp/recipes_bench
   <venv>/bin/python benchmarks/recipes.py --workdir=/tmp/recipes_bench --retime
   <venv>/bin/python benchmarks/recipes.py --workdir=/tmp/recipes_bench --only=classic,modern
+  <venv>/bin/python benchmarks/recipes.py --workdir=/tmp/recipes_bench --finetune --seeds=3
+
+--finetune fine-tunes each raced encoder and two scratch encoders (tiny's and modern_tiny's
+model) on the local suite (benchmarks/local_suite.py, whose flags it takes, e.g.
+--train_examples): benchmarks/results/<tag>_finetune[_n<N>].jsonl and a table.
 """
 
 import argparse
@@ -33,6 +38,7 @@ import json
 import os
 import re
 
+import local_suite
 from race import RESULTS, Variant, plot, quiet_step_seconds, race, retimed
 
 # name -> (base config module, overrides): each element of the modern recipe alone on classic
@@ -150,8 +156,27 @@ def write_results(rows: list[dict], tag: str) -> None:
             f"| {row['minutes']:.1f} | {cell} |")
 
 
+def finetune(args) -> None:
+  """The local suite on each raced encoder (in VARIANTS order), then on scratch encoders of
+  tiny and modern_tiny (the same vocabulary: the built-in corpus's)."""
+  directory = os.path.join(args.workdir, "encoders")
+  names = [n for n in VARIANTS if os.path.isdir(os.path.join(directory, n))
+           and (not args.only or n in args.only.split(","))]
+  if not names:
+    raise SystemExit(f"--finetune: no raced encoder under {directory}")
+  encoders = {n: os.path.join(directory, n) for n in names}
+  encoders.update({"scratch": "scratch:configs.tiny",
+                   "scratch_modern": "scratch:configs.modern_tiny"})
+  rows = local_suite.run(encoders, args)
+  stem = f"{args.tag}_finetune" + (f"_n{args.train_examples}" if args.train_examples else "")
+  with open(os.path.join(RESULTS, f"{stem}.jsonl"), "w") as f:
+    f.writelines(json.dumps(row) + "\n" for row in rows)
+  local_suite.print_table(rows, list(encoders))
+
+
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0],
+                                   parents=[local_suite.parser()])
   parser.add_argument("--workdir", required=True, help="Prepared data is cached here.")
   parser.add_argument("--only", default="", help="Comma-separated variant names (default all).")
   parser.add_argument("--eval_every", type=int, default=250, help="Steps between evaluations.")
@@ -167,7 +192,14 @@ def main():
   parser.add_argument("--from_log", default="",
                       help="With --retime: the curves from races' printed output (comma-"
                       "separated logs; a later one's variants win) instead of the results file.")
+  parser.add_argument("--finetune", action="store_true",
+                      help="Instead of racing: fine-tune the raced encoders (<workdir>/encoders/"
+                      "<variant>) and a scratch encoder of each base config on the local suite "
+                      "(benchmarks/local_suite.py; its flags apply).")
   args = parser.parse_args()
+  if args.finetune:
+    finetune(args)
+    return
   overrides = {"train.num_train_steps": args.steps} if args.steps else {}
   if args.retime:
     if args.from_log:
