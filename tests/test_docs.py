@@ -364,13 +364,29 @@ class _RaisingParser(argparse.ArgumentParser):
     raise ValueError(message)
 
 
+def _parser_trees(source: str) -> list[ast.Module]:
+  """The script's syntax tree, then those of the sibling benchmark modules whose `parser()` it
+  takes as argparse parents (`parents=[local_suite.parser()]`: their options are the script's)."""
+  trees = [ast.parse(source)]
+  for node in ast.walk(trees[0]):
+    if isinstance(node, ast.keyword) and node.arg == "parents" and isinstance(node.value, ast.List):
+      for parent in node.value.elts:
+        if (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute)
+            and isinstance(parent.func.value, ast.Name)):
+          module = os.path.join(ROOT, "benchmarks", f"{parent.func.value.id}.py")
+          if os.path.exists(module):
+            trees.append(ast.parse(_read(module)))
+  return trees
+
+
 def argparse_parser(source: str, optional: set[str] | None) -> argparse.ArgumentParser | None:
   """The script's argparse options rebuilt from its `add_argument` calls (option strings and the
   literal action / nargs / choices / type int|float|str / required, except for the names in
   `optional`, or for all when it is None). None: the script has no argparse options."""
-  calls = sorted((n for n in ast.walk(ast.parse(source)) if isinstance(n, ast.Call)
-                  and isinstance(n.func, ast.Attribute) and n.func.attr == "add_argument"),
-                 key=lambda n: n.lineno)
+  calls = [n for tree in _parser_trees(source) for n in sorted(
+      (n for n in ast.walk(tree) if isinstance(n, ast.Call)
+       and isinstance(n.func, ast.Attribute) and n.func.attr == "add_argument"),
+      key=lambda n: n.lineno)]
   if not calls:
     return None
   parser = _RaisingParser(prog="script", add_help=True)
