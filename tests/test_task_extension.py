@@ -176,6 +176,6 @@ def test_a_model_block_from_outside_trains_by_config(tmp_path, monkeypatch):
                                        deterministic=True)["params"])
   batch = next(train._train_iterator(config, None, config.model.vocab_size))
   batch = task.prepare(jax.tree.map(jnp.asarray, batch), jax.random.key(1), jnp.int32(0))
-  grads = jax.grad(lambda p: task.loss_sums(p, batch, None)["mlm_loss_sum"])(init)
+  grads = jax.jit(jax.grad(lambda p: task.loss_sums(p, batch, None)["mlm_loss_sum"]))(init)
   gate = lambda tree: np.asarray(tree["bert"]["encoder"]["layers"]["mlp"]["gate"]["kernel"])
   assert np.all(np.isfinite(gate(grads))) and np.linalg.norm(gate(grads)) > 0
