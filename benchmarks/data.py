@@ -11,6 +11,13 @@ worker pool) every 50 ms, so "peak tree RSS" is the whole preparation's footprin
 counted once per process: an upper bound). google-research/bert's create_pretraining_data.py
 reference on this machine: ~0.25 MB/s per dupe pass, memory growing ~28 MB per MB of text.
 
+With --beam, the preparation runs instead go through the Apache Beam pipeline
+(`bert_jax/data/beam.py`, DirectRunner in multi_processing mode at each of --beam_workers
+workers; needs requirements-beam.txt) beside the local path, alternating, in the same run:
+  python benchmarks/data.py --beam --sizes_mb=100 --dupe_factors=1 --beam_workers=1,2,4
+Each Beam row also gets its ratio to the local path's MB/s; "max proc MB" is then the largest
+single process (the launcher or one Beam worker).
+
 Prints a table, then one JSON line per measurement.
 """
 
@@ -44,7 +51,11 @@ _REPEATS = flags.DEFINE_integer("repeats", 2, "Runs per measurement; the fastest
                                 "(the machine is shared), with the highest peak RSS.")
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 256, "Pipeline benchmark batch size.")
 _PIPELINE_BATCHES = flags.DEFINE_integer("pipeline_batches", 200, "Batches timed.")
-_MODE = flags.DEFINE_enum("mode", "main", ["main", "child_prepare", "child_tfds"],
+_BEAM = flags.DEFINE_bool("beam", False, "Measure the Beam pipeline (DirectRunner) beside the "
+                          "local path instead of the TFDS writer and the input pipeline.")
+_BEAM_WORKERS = flags.DEFINE_list("beam_workers", ["1", "2", "4"],
+                                  "DirectRunner direct_num_workers values (with --beam).")
+_MODE = flags.DEFINE_enum("mode", "main", ["main", "child_prepare", "child_tfds", "child_beam"],
                           "Internal: what this process does.")
 _CORPUS = flags.DEFINE_string("corpus", "", "Internal: corpus file of a child.")
 _OUTPUT = flags.DEFINE_string("output", "", "Internal: output dir of a child.")
@@ -134,6 +145,26 @@ def _child_prepare() -> None:
                     "examples": sum(s["examples"] for s in meta["splits"].values())}))
 
 
+def _child_beam() -> None:
+  """The Beam pipeline on DirectRunner with --num_workers processes."""
+  from bert_jax.data import beam
+  from bert_jax.data import blocks
+  from bert_jax.data import vocab as vocab_lib
+
+  vocab = vocab_lib.Vocab.load(_vocab_path())
+  settings = blocks.ExampleSettings(max_seq_length=_MAX_SEQ_LENGTH.value, dupe_factor=_DUPE.value,
+                                    validation_fraction=0.01, seed=0,
+                                    max_examples_per_row=_MAX_EXAMPLES_PER_ROW.value)
+  start = time.time()
+  meta = beam.prepare_dataset(
+      _OUTPUT.value, [_CORPUS.value], "bert", vocab, settings,
+      beam_options=[f"--direct_num_workers={_NUM_WORKERS.value}",
+                    "--direct_running_mode=multi_processing"])
+  seconds = time.time() - start
+  print(json.dumps({"seconds": seconds, "rows": sum(s["rows"] for s in meta["splits"].values()),
+                    "examples": sum(s["examples"] for s in meta["splits"].values())}))
+
+
 def _child_tfds() -> None:
   """TFDS's own writer (download_and_prepare of the builder), single process."""
   from bert_jax.data import blocks
@@ -183,30 +214,45 @@ def main(argv):
     return _child_prepare()
   if _MODE.value == "child_tfds":
     return _child_tfds()
+  if _MODE.value == "child_beam":
+    return _child_beam()
   corpora = _make_corpora()
   results = []
   last_dataset = None
   workers = _NUM_WORKERS.value if _NUM_WORKERS.value >= 0 else os.cpu_count()
   # (writer, dupe_factor, workers): the pool, the same in one process, TFDS's own writer.
   runs = [("bert_jax", d, workers) for d in sorted(int(x) for x in _DUPE_FACTORS.value)]
-  runs.append(("bert_jax", 1, 0))
-  if _COMPARE_TFDS_WRITER.value:
-    runs.append(("tfds_writer", 1, 0))
+  if _BEAM.value:  # Local and Beam alternate per repeat: both see the same machine load.
+    runs = [("bert_jax", d, workers) for d in sorted(int(x) for x in _DUPE_FACTORS.value)]
+    runs += [("beam", d, int(w)) for d in sorted(int(x) for x in _DUPE_FACTORS.value)
+             for w in _BEAM_WORKERS.value]
+  else:
+    runs.append(("bert_jax", 1, 0))
+    if _COMPARE_TFDS_WRITER.value:
+      runs.append(("tfds_writer", 1, 0))
+  modes = {"bert_jax": "child_prepare", "tfds_writer": "child_tfds", "beam": "child_beam"}
+  repeats: dict[tuple, list[dict]] = {}
+  for _ in range(_REPEATS.value):
+    for writer, dupe, num_workers in runs:
+      for size, path in corpora.items():
+        output = os.path.join(_WORK_DIR.value,
+                              f"out_{writer}_{size:g}mb_dupe{dupe}_w{num_workers}")
+        shutil.rmtree(output, ignore_errors=True)
+        repeats.setdefault((writer, dupe, num_workers, size), []).append(_run_child([
+            f"--mode={modes[writer]}", f"--corpus={path}", f"--output={output}",
+            f"--dupe={dupe}", f"--work_dir={_WORK_DIR.value}",
+            f"--max_seq_length={_MAX_SEQ_LENGTH.value}",
+            f"--max_examples_per_row={_MAX_EXAMPLES_PER_ROW.value}",
+            f"--num_workers={num_workers}"]))
+        if not (writer == "bert_jax" and dupe == 1 and num_workers):
+          shutil.rmtree(output, ignore_errors=True)
   for writer, dupe, num_workers in runs:
     for size, path in corpora.items():
       output = os.path.join(_WORK_DIR.value, f"out_{writer}_{size:g}mb_dupe{dupe}_w{num_workers}")
-      mode = "child_prepare" if writer == "bert_jax" else "child_tfds"
-      repeats = []
-      for _ in range(_REPEATS.value):
-        shutil.rmtree(output, ignore_errors=True)
-        repeats.append(_run_child([
-            f"--mode={mode}", f"--corpus={path}", f"--output={output}", f"--dupe={dupe}",
-            f"--work_dir={_WORK_DIR.value}", f"--max_seq_length={_MAX_SEQ_LENGTH.value}",
-            f"--max_examples_per_row={_MAX_EXAMPLES_PER_ROW.value}",
-            f"--num_workers={num_workers}"]))
-      result = min(repeats, key=lambda r: r["seconds"])
+      repeats_of = repeats[writer, dupe, num_workers, size]
+      result = min(repeats_of, key=lambda r: r["seconds"])
       for key in ("peak_tree_rss_mb", "peak_process_rss_mb"):
-        result[key] = max(r[key] for r in repeats)
+        result[key] = max(r[key] for r in repeats_of)
       mb = os.path.getsize(path) / 1e6
       result.update({
           "bench": "prepare", "writer": writer, "workers": num_workers,
@@ -214,22 +260,29 @@ def main(argv):
           "seconds": round(result["seconds"], 2), "mb_per_s": round(mb / result["seconds"], 2),
           "mb_per_s_per_pass": round(mb * dupe / result["seconds"], 2),
           "load_avg_1m": os.getloadavg()[0]})
+      if writer == "beam":
+        local = next(r for r in results if r["writer"] == "bert_jax"
+                     and r["dupe_factor"] == dupe and r["corpus_mb"] == round(mb, 2))
+        result["vs_local"] = round(result["mb_per_s"] / local["mb_per_s"], 2)
       results.append(result)
       if writer == "bert_jax" and dupe == 1 and num_workers:
         last_dataset = output
       else:
         shutil.rmtree(output, ignore_errors=True)
-  for num_workers in (0, 2):
-    results.append(_pipeline_throughput(last_dataset, num_workers))
+  if not _BEAM.value:
+    for num_workers in (0, 2):
+      results.append(_pipeline_throughput(last_dataset, num_workers))
 
   print(f"\n{'writer':<12}{'workers':>8}{'MB':>7}{'dupe':>6}{'rows':>10}{'s':>8}"
-        f"{'MB/s':>8}{'MB/s/pass':>11}{'tree RSS MB':>13}{'max proc MB':>13}{'load':>6}")
+        f"{'MB/s':>8}{'MB/s/pass':>11}{'tree RSS MB':>13}{'max proc MB':>13}{'load':>6}"
+        f"{'vs local':>10}")
   for r in results:
     if r["bench"] == "prepare":
       print(f"{r['writer']:<12}{r['workers']:>8}{r['corpus_mb']:>7.1f}{r['dupe_factor']:>6}"
             f"{r['rows']:>10}{r['seconds']:>8.2f}{r['mb_per_s']:>8.2f}"
             f"{r['mb_per_s_per_pass']:>11.2f}{r['peak_tree_rss_mb']:>13.1f}"
-            f"{r['peak_process_rss_mb']:>13.1f}{r['load_avg_1m']:>6.1f}")
+            f"{r['peak_process_rss_mb']:>13.1f}{r['load_avg_1m']:>6.1f}"
+            f"{r.get('vs_local', ''):>10}")
   for r in results:
     if r["bench"] == "pipeline":
       print(f"pipeline B={r['batch_size']} L={r['seq_len']} workers={r['num_workers']}: "

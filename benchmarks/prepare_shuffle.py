@@ -60,7 +60,7 @@ print(json.dumps({"seconds": time.time() - start,
 
 # The shuffle alone: reading the corpus vs reading and shuffling it, and the peak RSS.
 _SHUFFLE_WORKER = r"""
-import json, os, resource, sys, tempfile, time
+import json, os, sys, tempfile, time
 sys.path.insert(0, sys.argv[1])
 from bert_jax.data import corpus, shuffle
 start = time.time()
@@ -71,8 +71,11 @@ with tempfile.TemporaryDirectory(dir=os.path.dirname(sys.argv[2])) as work_dir:
   shuffled = sum(1 for _ in shuffle.shuffled_documents(
       corpus.iter_bert_format(sys.argv[2]), seed=0, work_dir=os.path.join(work_dir, "s")))
   seconds = time.time() - start
+# VmHWM, this process image's peak (ru_maxrss would carry over a larger parent's, from the fork).
+with open("/proc/self/status") as f:
+  peak = next(int(line.split()[1]) for line in f if line.startswith("VmHWM:"))
 print(json.dumps({"documents": documents, "read_seconds": read, "shuffle_seconds": seconds,
-                  "peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024}))
+                  "peak_rss_mb": peak / 1024}))
 """
 
 

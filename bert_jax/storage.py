@@ -87,6 +87,20 @@ def listdir(path: str | os.PathLike) -> list[str]:
   return sorted(n for n in names if n)
 
 
+def glob(pattern: str) -> list[str]:
+  """Files matching a glob pattern in a bucket (URLs, sorted). Local globs: `glob.glob`."""
+  protocol = pattern.split("://", 1)[0]
+  found = _fs(pattern).glob(pattern)
+  return sorted(f"{protocol}://{p}" if "://" not in p else p for p in found
+                if _fs(pattern).isfile(p))
+
+
+def size(path: str | os.PathLike) -> int:
+  """A file's size in bytes."""
+  path = os.fspath(path)
+  return int(_fs(path).size(path)) if is_remote(path) else os.path.getsize(path)
+
+
 def makedirs(path: str | os.PathLike) -> None:
   """Creates a local directory and its parents (a bucket has no directories: a no-op there)."""
   path = os.fspath(path)

@@ -8,6 +8,9 @@ Run (one of --input, --tfds_name, --builtin):
   python launch/prepare_data.py --builtin --output_dir=data/builtin --vocab_size=8192
   python launch/prepare_data.py --input=books.txt --output_dir=data/books_mlm --objective=mlm
   python launch/prepare_data.py --input=books.txt --output_dir=gs://bucket/data/books
+  python launch/prepare_data.py --input='corpus/*.txt' --output_dir=data/wiki \
+      --vocab=data/vocab --beam_runner=DirectRunner --beam_options='--direct_num_workers=4 \
+      --direct_running_mode=multi_processing'
 
 Then train with --config.data.source=prepared --config.data.dataset_dir=<output_dir> (and the
 same --config.data.objective and, for mlm_nsp, --config.data.max_examples_per_row). --builtin
@@ -15,11 +18,13 @@ prepares the dataset that training on --config.data.source=builtin prepares for 
 settings (bert_jax.data.builtin: same corpus, vocabulary, rows and fingerprint).
 
 A gs:// --output_dir is prepared in a local temporary directory ($TMPDIR: it needs room for the
-dataset) and uploaded when complete. Training reads it through a gcsfuse mount of the bucket
+dataset) and uploaded when complete; with --beam_runner (Apache Beam, requirements-beam.txt:
+the same records on DirectRunner, Dataflow, Flink or Spark) the workers write it directly. Training reads it through a gcsfuse mount of the bucket
 (ArrayRecord reads local files only): --config.data.dataset_dir=/mnt/bucket/data/books.
 """
 
 import os
+import shlex
 import sys
 
 from absl import flags
@@ -81,6 +86,14 @@ _VALIDATION_FRACTION = flags.DEFINE_float(
 _SEED = flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of example construction.")
 _NUM_WORKERS = flags.DEFINE_integer(
     "num_workers", -1, "Worker processes (-1: one per core, 0: in this process).")
+_BEAM_RUNNER = flags.DEFINE_enum(
+    "beam_runner", "", ["", "DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner"],
+    "Build the rows with this Apache Beam runner (--input files; pip install -r "
+    "requirements-beam.txt): the same records as without it. Empty: worker processes here.")
+_BEAM_OPTIONS = flags.DEFINE_string(
+    "beam_options", "", "Beam pipeline options, space-separated, passed through (e.g. "
+    "'--direct_num_workers=4 --direct_running_mode=multi_processing', or Dataflow's "
+    "'--project=P --region=R --temp_location=gs://B/tmp').")
 
 
 def main() -> None:
@@ -99,7 +112,8 @@ def main() -> None:
           dupe_factor=_DUPE_FACTOR.value, validation_fraction=_VALIDATION_FRACTION.value,
           seed=_SEED.value, objective=_OBJECTIVE.value,
           max_examples_per_row=_MAX_EXAMPLES_PER_ROW.value),
-      num_workers=None if _NUM_WORKERS.value < 0 else _NUM_WORKERS.value)
+      num_workers=None if _NUM_WORKERS.value < 0 else _NUM_WORKERS.value,
+      beam_runner=_BEAM_RUNNER.value, beam_options=shlex.split(_BEAM_OPTIONS.value))
   print(sources.describe(_OUTPUT_DIR.value, meta))
 
 

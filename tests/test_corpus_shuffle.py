@@ -99,7 +99,7 @@ def test_random_b_from_the_whole_corpus_and_workers_do_not_matter(tmp_path):
     assert abs(pairs[topic, other] / count - share_of_other) < 0.05, (topic, pairs)
 
 
-def test_shuffle_is_a_seeded_permutation(tmp_path, monkeypatch):
+def test_shuffle_is_the_seeded_key_order_cut_into_shards(tmp_path, monkeypatch):
   docs = [[f"doc {i} sentence {j}" for j in range(i % 4 + 1)] for i in range(600)]
 
   def shuffled(seed=0, **kwargs):
@@ -108,24 +108,49 @@ def test_shuffle_is_a_seeded_permutation(tmp_path, monkeypatch):
     assert not os.path.exists(work_dir)  # Removed once read back.
     return result
 
-  order = shuffled()
+  first = shuffled()
+  order = [document for _, document in first]
   assert sorted(order) == sorted(docs) and order != docs
-  assert shuffled() == order and shuffled(seed=1) != order
-  # Buffer flushes don't change the order; small shards are scattered again, the result is
-  # still a permutation (a document over the bound is read whole).
+  # The order of the documents' keys: what any engine computes from each document alone.
+  assert order == sorted(docs, key=lambda d: shuffle.document_key(0, d))
+  assert {shard for shard, _ in first} == {0}  # A corpus under shard_chars: one shard.
+  assert shuffled() == first and [d for _, d in shuffled(seed=1)] != order
+  # Buffer flushes, and files too large to read whole (scattered again by the keys' next
+  # byte), don't change the order.
   monkeypatch.setattr(shuffle, "WRITE_BUFFER_BYTES", 100)
-  assert shuffled() == order
-  again = shuffled(num_shards=3, max_shard_bytes=200)
-  assert sorted(again) == sorted(docs) and again != order
+  assert shuffled() == first
+  assert shuffled(max_file_bytes=200) == first
+  # Shards: 2**ceil(log2(chars / shard_chars)) equal key ranges, ascending.
+  chars = sum(len(s) for d in docs for s in d)
+  sharded = shuffled(shard_chars=chars // 5)
+  assert [d for _, d in sharded] == order
+  assert [shard for shard, _ in sharded] == sorted(shard for shard, _ in sharded)
+  assert {shard for shard, _ in sharded} == set(range(8))
+  assert all(shard == shuffle.shard_of(shuffle.document_key(0, d), 3) for shard, d in sharded)
   # Blank sentences and documents without any are dropped, sentences stripped.
   assert list(shuffle.shuffled_documents([[" x ", ""], [" "], []], seed=0,
-                                         work_dir=str(tmp_path / "w"))) == [["x"]]
+                                         work_dir=str(tmp_path / "w"))) == [(0, ["x"])]
   # Uniform: which fifth of 10 documents the first one ends up in, over 200 seeds (chi-square,
   # 4 degrees of freedom, p = 0.001).
   places = collections.Counter(
-      list(shuffle.shuffled_documents(docs[:10], seed=seed, work_dir=str(tmp_path / "w"),
-                                      num_shards=4)).index(docs[0]) // 2 for seed in range(200))
+      [d for _, d in shuffle.shuffled_documents(docs[:10], seed=seed, work_dir=str(
+          tmp_path / "w"))].index(docs[0]) // 2 for seed in range(200))
   assert len(places) == 5 and sum((n - 40) ** 2 / 40 for n in places.values()) < 18.5, places
+
+
+def test_blocks_are_cut_within_shards(tmp_path):
+  docs = topic_ordered_corpus(300, 0, seed=2)
+  chars = sum(len(s) for d in docs for s in d)
+  settings = blocks.ExampleSettings(validation_fraction=0.1, block_chars=chars // 20,
+                                    shard_chars=chars // 3)
+  found = list(blocks.iter_prepared_blocks(docs, settings, str(tmp_path / "work")))
+  assert {b.shard for b in found} == {0, 1, 2, 3}
+  for block in found:  # Each block holds documents of its own shard only.
+    assert {shuffle.shard_of(shuffle.document_key(0, d), 2) for d in block.documents} == {
+        block.shard}
+  names = [b.name for b in found]
+  assert len(set(names)) == len(names)
+  assert sorted(map(tuple, (d for b in found for d in b.documents))) == sorted(map(tuple, docs))
 
 
 def test_shuffle_never_takes_an_existing_directory_and_cleans_up_on_failure(tmp_path):

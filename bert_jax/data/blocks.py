@@ -1,21 +1,23 @@
 """Blocks: the document stream cut into per-split blocks, and each block's rows.
 
 A block is a run of consecutive documents of one split, about `block_chars` characters
-(thousands of documents): the unit of work of the preparation workers (`workers`) and the pool
-random-next segments are drawn from (`nsp`), so memory stays flat with corpus size. Preparation
-shuffles the documents corpus-wide first (`iter_prepared_blocks`, `shuffle`): a block is then a
-uniform random sample of its split, never a run of the input (a few books, one topic).
+(thousands of documents): the unit of work of the preparation workers (`workers`, or the Beam
+pipeline's, `beam`) and the pool random-next segments are drawn from (`nsp`), so memory stays
+flat with corpus size. Preparation shuffles the documents corpus-wide first (`shuffle`: a seeded
+key order, cut into shards of about 16 M characters) and cuts each shard into blocks on its own
+(`iter_prepared_blocks`, `iter_document_blocks`): a block is a uniform random sample of its
+split, never a run of the input (a few books, one topic).
 
 * Documents go to the `validation` split by a hash of their text (`is_validation_document`), so a
   duplicated document never lands in both splits. The split depends on the text alone, not on
   the seed or the shuffle: every seed holds out the same documents, so runs prepared with other
   seeds evaluate on the same text, and none of it is in their train split.
-* A block of one document (a split's last block, or a document of `block_chars` or more) carries
-  the documents of its split's previous block as `neighbours` (block 0: of the next block), where
-  its random-next B come from.
-* Each (split, dupe pass, block) has its own RNG seeded from (seed, split, pass, block index)
-  (`block_seed`), so the output depends on the seed and the corpus only, never on the number of
-  workers.
+* A block of one document (a split's last block in a shard, or a document of `block_chars` or
+  more) carries the documents of its split's previous block in the shard as `neighbours`
+  (block 0: of the next block), where its random-next B come from.
+* Each (split, shard, dupe pass, block) has its own RNG seeded from (seed, split, shard, pass,
+  block index) (`block_seed`), so the output depends on the seed and the corpus only, never on
+  the number of workers or on the engine (this process's workers or Beam's).
 * The original shuffles all instances at the end. Here each block's instances (all dupe passes)
   are shuffled with a seed of the block (`rows_seed`), then packed into rows of up to K
   examples (`packing.pack`, best fit decreasing; K = `packing.examples_per_row`, 1 = one example
@@ -24,7 +26,7 @@ uniform random sample of its split, never a run of the input (a few books, one t
   rows instead (`packing.full_sentence_rows`); each dupe pass takes the block's documents in its
   own seeded order, so the passes' rows differ (other neighbours, other row boundaries).
 
-Imported by the preparation worker processes: it stays free of TFDS / JAX.
+Imported by the preparation worker processes and Beam workers: it stays free of TFDS / JAX.
 """
 
 import dataclasses
@@ -126,16 +128,22 @@ def tokenize_documents(
 
 
 class DocumentBlock(NamedTuple):
-  """A run of consecutive documents of one split (in the shuffled order, when prepared): the
-  unit of work and of random-next draws."""
+  """A run of consecutive documents of one split of one shard (in the shuffled order, when
+  prepared): the unit of work and of random-next draws."""
 
   split: str
-  index: int  # Block number within its split.
+  index: int  # Block number within its split of its shard.
   documents: list[list[str]]
   # Only on a block of one document: the documents of a neighbouring block of the same split
-  # (the previous one; the next one for block 0), where its random-next B come from. Empty
-  # there only when the split holds that one document.
+  # and shard (the previous one; the next one for block 0), where its random-next B come from.
+  # Empty there only when the shard's split holds that one document.
   neighbours: Sequence[list[str]] = ()
+  shard: int = 0  # The shard of the shuffled order it was cut from (`shuffle`).
+
+  @property
+  def name(self) -> str:
+    """Unique among a dataset's blocks: `<split>-<shard>-<index>`."""
+    return f"{self.split}-{self.shard:06d}-{self.index:06d}"
 
 
 def is_validation_document(sentences: Sequence[str], validation_fraction: float) -> bool:
@@ -147,9 +155,11 @@ def is_validation_document(sentences: Sequence[str], validation_fraction: float)
 
 
 def iter_document_blocks(
-    documents: Iterable[Sequence[str]], *, validation_fraction: float, block_chars: int
+    documents: Iterable[Sequence[str]], *, validation_fraction: float, block_chars: int,
+    shard: int = 0,
 ) -> Iterator[DocumentBlock]:
-  """Cuts the document stream into per-split blocks of about `block_chars` characters.
+  """Cuts the document stream (of one shard) into per-split blocks of about `block_chars`
+  characters.
 
   Blank sentences and documents without sentences are dropped. A block of a single document (a
   split's last block, or one document of `block_chars` or more) carries the documents of the
@@ -171,7 +181,7 @@ def iter_document_blocks(
     if held[split] is not None:  # Block 0 of one document: block 1 (this one) is its pool.
       yield held[split]._replace(neighbours=block_documents)
       held[split] = None
-    block = DocumentBlock(split, index, block_documents)
+    block = DocumentBlock(split, index, block_documents, shard=shard)
     if len(block_documents) >= 2:
       yield block
     elif index == 0:
@@ -181,8 +191,7 @@ def iter_document_blocks(
     previous[split] = block_documents
 
   for document in documents:
-    sentences = [s.strip() for s in document]
-    sentences = [s for s in sentences if s]
+    sentences = shuffle.clean(document)
     if not sentences:
       continue
     split = VALIDATION if is_validation_document(sentences, validation_fraction) else TRAIN
@@ -203,15 +212,19 @@ def iter_prepared_blocks(
 ) -> Iterator[DocumentBlock]:
   """The blocks preparation builds: `documents` shuffled corpus-wide (`shuffle`, seeded by
   `settings.seed`; its temporary files in `work_dir`, which must not exist and is removed once
-  the documents have been read back), then cut into blocks (`iter_document_blocks`)."""
-  shuffled = shuffle.shuffled_documents(documents, seed=settings.seed, work_dir=work_dir)
-  return iter_document_blocks(shuffled, validation_fraction=settings.validation_fraction,
-                              block_chars=settings.block_chars)
+  the documents have been read back), each shard cut into blocks (`iter_document_blocks`)."""
+  shuffled = shuffle.shuffled_documents(documents, seed=settings.seed, work_dir=work_dir,
+                                        shard_chars=settings.shard_chars)
+  for shard, group in itertools.groupby(shuffled, key=lambda item: item[0]):
+    yield from iter_document_blocks(
+        (sentences for _, sentences in group), validation_fraction=settings.validation_fraction,
+        block_chars=settings.block_chars, shard=shard)
 
 
-def block_seed(seed: int, split: str, pass_index: int, block_index: int) -> int:
-  """The RNG seed of one (split, dupe pass, block): independent of how work is distributed."""
-  key = f"bert_jax/examples/{seed}/{split}/{pass_index}/{block_index}".encode()
+def block_seed(seed: int, split: str, pass_index: int, block_index: int, shard: int = 0) -> int:
+  """The RNG seed of one (split, shard, dupe pass, block): independent of how work is
+  distributed."""
+  key = f"bert_jax/examples/{seed}/{split}/{shard}/{pass_index}/{block_index}".encode()
   return int.from_bytes(hashlib.blake2b(key, digest_size=16).digest(), "little")
 
 
@@ -226,6 +239,7 @@ def iter_block_instances(
     seed: int,
     neighbours: Sequence[Document] = (),
     stats: BlockStats | None = None,
+    shard: int = 0,
 ) -> Iterator[Instance]:
   """All instances of one tokenized block: `dupe_factor` passes, each with its own RNG.
 
@@ -233,16 +247,16 @@ def iter_block_instances(
   single document; `stats` gets the random-next fallback counts.
   """
   for pass_index in range(dupe_factor):
-    rng = random.Random(block_seed(seed, split, pass_index, block_index))
+    rng = random.Random(block_seed(seed, split, pass_index, block_index, shard))
     for document_index in range(len(documents)):
       yield from nsp.create_instances_from_document(
           documents, document_index, max_seq_length, short_seq_prob, rng,
           other_documents=neighbours, stats=stats)
 
 
-def rows_seed(seed: int, split: str, block_index: int) -> int:
+def rows_seed(seed: int, split: str, block_index: int, shard: int = 0) -> int:
   """The seed of the shuffle of one block's examples (all passes) before they go into rows."""
-  key = f"bert_jax/rows/{seed}/{split}/{block_index}".encode()
+  key = f"bert_jax/rows/{seed}/{split}/{shard}/{block_index}".encode()
   return int.from_bytes(hashlib.blake2b(key, digest_size=16).digest(), "little")
 
 
@@ -260,6 +274,9 @@ class ExampleSettings:
   validation_fraction: float = 0.01
   seed: int = 0
   block_chars: int = 2_000_000
+  # Text a shard of the shuffled order holds, about (`shuffle.shard_bits`): blocks are cut
+  # within a shard; a Beam worker sorts one.
+  shard_chars: int = shuffle.SHARD_CHARS
   objective: str = "mlm_nsp"
   max_examples_per_row: int = 4
 
@@ -281,6 +298,8 @@ class ExampleSettings:
       raise ValueError(f"validation_fraction={self.validation_fraction} must be in [0, 1)")
     if self.block_chars < 1:
       raise ValueError(f"block_chars={self.block_chars} must be >= 1")
+    if self.shard_chars < 1:
+      raise ValueError(f"shard_chars={self.shard_chars} must be >= 1")
     if self.objective not in packing.OBJECTIVES:
       raise ValueError(f"objective={self.objective!r} is not one of {packing.OBJECTIVES}; change "
                        "--objective")
@@ -329,7 +348,7 @@ def build_instances(
         documents, split=block.split, block_index=block.index,
         max_seq_length=settings.max_seq_length, short_seq_prob=settings.short_seq_prob,
         dupe_factor=settings.dupe_factor, seed=settings.seed, neighbours=neighbours,
-        stats=stats):
+        stats=stats, shard=block.shard):
       stats.examples += 1
       stats.random_next += instance.is_random_next
       stats.short_target += instance.target_seq_length < max_num_tokens
@@ -352,14 +371,15 @@ def build_block(
   corpus); with a `serializer`, each example is kept only as its encoding (`EncodedPair`,
   `EncodedSentences`: ~3 bytes a token) and the rows hold those, in the same order.
   """
-  rng = random.Random(rows_seed(settings.seed, block.split, block.index))
+  rng = random.Random(rows_seed(settings.seed, block.split, block.index, block.shard))
   if settings.objective == "mlm":
     stats = BlockStats()
     documents, _ = _tokenize_block(block, tokenizer, stats, with_neighbours=False)  # No NSP.
     rows: list = []
     for pass_index in range(settings.dupe_factor):
       order = list(range(len(documents)))
-      random.Random(block_seed(settings.seed, block.split, pass_index, block.index)).shuffle(order)
+      random.Random(block_seed(settings.seed, block.split, pass_index, block.index,
+                               block.shard)).shuffle(order)
       pass_rows, num_cut = packing.full_sentence_rows(
           [documents[i] for i in order], settings.max_seq_length, tokenizer.sep_id)
       stats.sentences_cut += num_cut

@@ -26,6 +26,8 @@ import threading
 import warnings
 from typing import Iterable, Iterator, Sequence
 
+from bert_jax import storage
+
 logger = logging.getLogger(__name__)
 
 Document = list[str]
@@ -58,7 +60,14 @@ def expand_paths(patterns: str | Sequence[str]) -> list[str]:
   paths: set[str] = set()
   for pattern in patterns:
     pattern = os.path.expanduser(str(pattern).strip())
-    if glob.has_magic(pattern):
+    if storage.is_remote(pattern):  # A bucket's files (read through `storage`).
+      matches = storage.glob(pattern) if glob.has_magic(pattern) else (
+          [pattern] if storage.isfile(pattern) else [])
+      if not matches:
+        raise ValueError(f"Input pattern {pattern!r} matches no files." if glob.has_magic(
+            pattern) else f"Input path {pattern!r} does not exist.")
+      paths.update(matches)
+    elif glob.has_magic(pattern):
       matches = [p for p in glob.glob(pattern, recursive=True) if os.path.isfile(p)]
       if not matches:
         raise ValueError(f"Input pattern {pattern!r} matches no files.")
@@ -109,7 +118,7 @@ def _read_lines(path: str, stats: CorpusStats) -> Iterator[str]:
   """
   stats.files += 1
   invalid = 0
-  with open(path, "rb") as f:
+  with storage.open_binary(path) as f:
     for i, raw in enumerate(f):
       stats.bytes += len(raw)
       if i == 0 and raw.startswith(codecs.BOM_UTF8):
@@ -134,6 +143,41 @@ def _empty_corpus_error(paths: Sequence[str]) -> ValueError:
   return ValueError(f"The corpus has no documents (no non-blank lines) in: {shown}.")
 
 
+def file_documents(path: str, input_format: str, stats: CorpusStats) -> Iterator[Document]:
+  """The documents of one file of `input_format` ("bert": a sentence a line, blank line between
+  documents; "paragraphs": plain text, blank-line-separated blocks split into sentences),
+  counted into `stats`. A file's end ends its document: files are read independently (the
+  Beam pipeline reads each on its own worker)."""
+  if input_format not in ("bert", "paragraphs"):
+    raise ValueError(f"input_format={input_format!r} is not one of 'bert', 'paragraphs'")
+  block: list[str] = []
+
+  def finish() -> Iterator[Document]:
+    doc = block if input_format == "bert" else split_sentences(" ".join(block))
+    if doc:
+      yield _count(doc, stats)
+
+  for line in _read_lines(path, stats):
+    if line:
+      block.append(line)
+    elif block:
+      yield from finish()
+      block = []
+  if block:
+    yield from finish()
+
+
+def _iter_files(paths: str | Sequence[str], input_format: str,
+                stats: CorpusStats | None) -> Iterator[Document]:
+  stats = CorpusStats() if stats is None else stats
+  files = expand_paths(paths)
+  found = stats.documents
+  for path in files:
+    yield from file_documents(path, input_format, stats)
+  if stats.documents == found:
+    raise _empty_corpus_error(files)
+
+
 def iter_bert_format(paths: str | Sequence[str],
                      stats: CorpusStats | None = None) -> Iterator[Document]:
   """Documents of google-research/bert's format: one sentence per line, blank line between docs.
@@ -142,21 +186,7 @@ def iter_bert_format(paths: str | Sequence[str],
   on into the next file, which mixes unrelated text). Raises ValueError naming the paths if the
   whole corpus holds no document.
   """
-  stats = CorpusStats() if stats is None else stats
-  files = expand_paths(paths)
-  found = stats.documents
-  for path in files:
-    doc: Document = []
-    for line in _read_lines(path, stats):
-      if line:
-        doc.append(line)
-      elif doc:
-        yield _count(doc, stats)
-        doc = []
-    if doc:
-      yield _count(doc, stats)
-  if stats.documents == found:
-    raise _empty_corpus_error(files)
+  return _iter_files(paths, "bert", stats)
 
 
 def iter_paragraph_text(paths: str | Sequence[str],
@@ -165,25 +195,7 @@ def iter_paragraph_text(paths: str | Sequence[str],
 
   Lines of a block are joined with spaces (text wrapped at a fixed width reads as one paragraph).
   """
-  stats = CorpusStats() if stats is None else stats
-  files = expand_paths(paths)
-  found = stats.documents
-  for path in files:
-    block: list[str] = []
-    for line in _read_lines(path, stats):
-      if line:
-        block.append(line)
-      elif block:
-        doc = split_sentences(" ".join(block))
-        block = []
-        if doc:
-          yield _count(doc, stats)
-    if block:
-      doc = split_sentences(" ".join(block))
-      if doc:
-        yield _count(doc, stats)
-  if stats.documents == found:
-    raise _empty_corpus_error(files)
+  return _iter_files(paths, "paragraphs", stats)
 
 
 # ---------------------------------------------------------------------------------------------

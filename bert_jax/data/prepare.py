@@ -44,8 +44,9 @@ VOCAB_DIR = "vocab"
 FORMAT_VERSION = 3
 # What rows a corpus and settings give, in the same format: bumped when they change, so that a
 # cached dataset (the built-in corpus's key, `builtin.cache_key`) is prepared again rather than
-# reused. 2: documents shuffled corpus-wide before blocking (`shuffle`).
-PREPARATION_VERSION = 2
+# reused. 2: documents shuffled corpus-wide before blocking (`shuffle`); 3: the shuffle orders
+# documents by a seeded hash key and blocks are cut within shards of it (the same rows from Beam).
+PREPARATION_VERSION = 3
 _BLOCKS_DIR = ".blocks"
 _SHUFFLE_DIR = ".shuffle"
 
@@ -90,6 +91,7 @@ def prepare_dataset(
     max_examples_per_row: int = blocks.ExampleSettings.max_examples_per_row,
     num_workers: int | None = None,
     block_chars: int = blocks.ExampleSettings.block_chars,
+    shard_chars: int = blocks.ExampleSettings.shard_chars,
     corpus_stats: Any = None,
     corpus_fingerprint: str = "",
 ) -> dict[str, Any]:
@@ -114,6 +116,7 @@ def prepare_dataset(
   settings = blocks.ExampleSettings(
       max_seq_length=max_seq_length, short_seq_prob=short_seq_prob, dupe_factor=dupe_factor,
       validation_fraction=validation_fraction, seed=seed, block_chars=block_chars,
+      shard_chars=shard_chars,
       objective=objective, max_examples_per_row=max_examples_per_row)
   settings.validate()
   # Recorded as what the rows hold ("mlm": 1), so the metadata is not misleading.

@@ -8,10 +8,12 @@ import dataclasses
 import hashlib
 import logging
 import os
+import random
 import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
+from bert_jax import storage
 from bert_jax.data import blocks
 from bert_jax.data import builtin
 from bert_jax.data import corpus
@@ -47,13 +49,24 @@ class VocabSource:
   allow_smaller: bool = False
 
 
+# The most text (file bytes) the launcher reads to train a vocabulary for a Beam preparation: a
+# corpus up to this size is read whole, in the local path's order (the same vocabulary); a larger
+# one through whole files in a seeded order until this much is read (a bounded sample: the
+# launcher never reads a corpus beyond one machine; sentencepiece then samples its own
+# `input_sentence_size` sentences among them).
+BEAM_VOCAB_SAMPLE_BYTES = 2 * 10**9
+
+
 def prepare_corpus(
     output_dir: str, source: CorpusSource, vocab: VocabSource,
     settings: blocks.ExampleSettings, *, num_workers: int | None = None,
+    beam_runner: str = "", beam_options: Sequence[str] = (),
 ) -> dict[str, Any]:
   """Prepares `source` into `output_dir` (new or empty, local or gs://); returns the metadata
-  written. Every check that needs no corpus (output directory, settings, the choice of source,
-  missing files) runs before any slow work."""
+  written. With a `beam_runner` (files only) the rows are built by the Apache Beam pipeline
+  (`bert_jax.data.beam`, Beam's flags in `beam_options`), else by worker processes here.
+  Every check that needs no corpus (output directory, settings, the choice of source, missing
+  files) runs before any slow work."""
   if not output_dir:
     raise ValueError("--output_dir is required.")
   prepare.check_output_dir(output_dir)
@@ -64,6 +77,10 @@ def prepare_corpus(
   if len(chosen) != 1:
     raise ValueError("Give exactly one corpus source: --input, --tfds_name or --builtin "
                      f"(got {', '.join(chosen) or 'none'}).")
+  if beam_options and not beam_runner:
+    raise ValueError("--beam_options apply to a Beam preparation: give --beam_runner too.")
+  if beam_runner:
+    return _prepare_beam(output_dir, source, vocab, settings, beam_runner, beam_options)
   if source.builtin:
     meta = builtin.prepare_builtin(output_dir, _builtin_settings(source, vocab, settings),
                                    num_workers=num_workers, flags=builtin.LAUNCHER_FLAGS)
@@ -79,6 +96,50 @@ def prepare_corpus(
     logging.warning("%d bytes of the corpus were not valid UTF-8 (replaced by U+FFFD).",
                     invalid_bytes)
   return meta
+
+
+def _prepare_beam(output_dir: str, source: CorpusSource, vocab: VocabSource,
+                  settings: blocks.ExampleSettings, runner: str,
+                  options: Sequence[str]) -> dict[str, Any]:
+  """`prepare_corpus` of files on Beam: the vocabulary given, or trained here on the corpus, a
+  bounded sample of it when larger than `BEAM_VOCAB_SAMPLE_BYTES`, then the pipeline."""
+  if not source.input:
+    raise ValueError(f"--beam_runner reads --input files (got {chosen_source(source)}); prepare "
+                     "a TFDS dataset or the built-in corpus without --beam_runner.")
+  try:
+    from bert_jax.data import beam  # pylint: disable=g-import-not-at-top
+  except ImportError as e:
+    raise ValueError(f"--beam_runner needs Apache Beam ({e}): pip install -r "
+                     "requirements-beam.txt") from None
+  if runner not in beam.RUNNERS:
+    raise ValueError(f"--beam_runner={runner!r} is not one of {', '.join(beam.RUNNERS)}")
+  documents, _, fingerprint, named = _documents(source)
+  paths = corpus.expand_paths(source.input)
+  sizes = {path: storage.size(path) for path in paths}
+  if sum(sizes.values()) > BEAM_VOCAB_SAMPLE_BYTES:
+    order, sample, total = list(paths), [], 0
+    random.Random(settings.seed).shuffle(order)
+    while total < BEAM_VOCAB_SAMPLE_BYTES:
+      sample.append(order.pop())
+      total += sizes[sample[-1]]
+    logging.info("Vocabulary sample: %d of %d files (%.2f of %.2f GB)", len(sample), len(paths),
+                 total / 1e9, sum(sizes.values()) / 1e9)
+
+    def documents() -> Iterator[corpus.Document]:  # pylint: disable=function-redefined
+      stats = corpus.CorpusStats()
+      for path in sample:
+        yield from corpus.file_documents(path, source.input_format, stats)
+  with tempfile.TemporaryDirectory(prefix="bert_jax_prepare_") as work_dir:
+    trained = _vocab(vocab, documents, work_dir, named)
+    meta = beam.prepare_dataset(output_dir, paths, source.input_format, trained, settings,
+                                runner=runner, beam_options=options,
+                                corpus_fingerprint=fingerprint)
+  return meta
+
+
+def chosen_source(source: CorpusSource) -> str:
+  """The flag that names the corpus of `source`."""
+  return "--tfds_name" if source.tfds_name else "--builtin" if source.builtin else "--input"
 
 
 def describe(output_dir: str, meta: dict[str, Any]) -> str:
@@ -130,7 +191,7 @@ def _documents(source: CorpusSource) -> tuple[
             else corpus.iter_paragraph_text)
   digest = hashlib.sha256()
   for path in paths:
-    digest.update(f"{os.path.abspath(path)}\t{os.path.getsize(path)}\n".encode())
+    digest.update(f"{storage.absolute(path)}\t{storage.size(path)}\n".encode())
 
   def documents() -> Iterator[corpus.Document]:
     return reader(paths, fresh_stats())

@@ -21,6 +21,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
+from bert_jax import storage
 from bert_jax.data import blocks
 from bert_jax.data import packing
 
@@ -96,7 +97,8 @@ def write_tfds_layout(
   """Turns finished ArrayRecord files into a TFDS dataset in `dataset_dir`.
 
   `split_shards[split]` lists (file path, rows, bytes) in shard order; the files are moved to
-  TFDS's `<name>-<split>.array_record-NNNNN-of-MMMMM` names. A split may have no shards.
+  TFDS's `<name>-<split>.array_record-NNNNN-of-MMMMM` names (local or in a bucket; a file
+  already moved by an earlier attempt is skipped). A split may have no shards.
   """
   builder = BertPretraining(max_seq_length=max_seq_length,
                             max_examples_per_row=max_examples_per_row,
@@ -108,8 +110,10 @@ def write_tfds_layout(
         data_dir=dataset_dir, dataset_name=builder.name, split=split,
         filetype_suffix=FILE_FORMAT)
     for shard_index, (path, _, _) in enumerate(shards):
-      target = template.sharded_filepath(shard_index=shard_index, num_shards=len(shards))
-      os.replace(path, os.fspath(target))
+      target = os.fspath(template.sharded_filepath(shard_index=shard_index,
+                                                   num_shards=len(shards)))
+      if storage.exists(path) or not storage.exists(target):  # Done by a failed attempt.
+        storage.rename(path, target)
     split_infos.append(tfds.core.SplitInfo(
         name=split,
         shard_lengths=[int(n) for _, n, _ in shards],

@@ -108,7 +108,7 @@ def write_blocks(
     blocks_dir: str,
     num_workers: int,
 ) -> Iterator[tuple[str, BlockResult]]:
-  """Writes each block into `<blocks_dir>/<split>-<index>.array_record`; yields (path,
+  """Writes each block into `<blocks_dir>/<block.name>.array_record`; yields (path,
   `write_block` result) per block, in block order.
 
   `num_workers` 0 builds in this process. With workers, at most 2 * num_workers blocks are in
@@ -116,7 +116,7 @@ def write_blocks(
   generator terminates and joins the pool.
   """
   def path_of(block: blocks_lib.DocumentBlock) -> str:
-    return os.path.join(blocks_dir, f"{block.split}-{block.index:06d}.array_record")
+    return os.path.join(blocks_dir, f"{block.name}.array_record")
 
   if num_workers <= 0:
     for block in blocks:

@@ -1,0 +1,207 @@
+"""Preparation as an Apache Beam pipeline: the records `prepare` writes, on any Beam runner.
+
+`launch/prepare_data.py --beam_runner=DirectRunner|DataflowRunner|FlinkRunner|SparkRunner` runs
+this instead of `prepare.prepare_dataset`'s worker processes, for corpora beyond one machine.
+The same functions build the same blocks, so for one seed and settings both engines write the
+same multiset of records (sorted, byte-identical) and the same statistics, whatever the number
+of Beam workers or bundle sizes:
+
+  files --Read--> (key, document) --+--> characters --Sum--> shard bits (side input)
+                                    +--> (shard, (key, document)) --GroupByKey--> sorted shard
+  sorted shard --`blocks.iter_document_blocks`--> blocks --Reshuffle--> WriteBlock (a file a
+  block, `workers.write_block`) --ToList--> Finalize (TFDS layout, bert_meta.json last)
+
+* The corpus-wide shuffle (`shuffle`) is a reshuffle by a seeded key: a document's key is a hash
+  of its text and the seed, its shard the key's first bits; each shard is sorted by key and cut
+  into blocks on one worker (about `shuffle.SHARD_CHARS` of text); blocks are the unit of the
+  parallel work (tokenizing, examples, rows).
+* Retries duplicate nothing: a block's file has a name of its own (`DocumentBlock.name`),
+  written under a temporary name and renamed, so a retried or speculative bundle replaces it;
+  Finalize's renames skip what a failed attempt already moved.
+* A failed pipeline leaves no bert_meta.json (Finalize writes it last, after every block), so
+  training refuses the directory in one line; the launcher also removes what it wrote.
+* Output to gs:// goes directly from the workers: each block's file is written in the worker's
+  temporary directory (ArrayRecord writes local files) and uploaded.
+
+Needs `apache-beam` (requirements-beam.txt); nothing else in bert_jax imports this module.
+"""
+
+import dataclasses
+import json
+import logging
+import os
+import tempfile
+import time
+import uuid
+from collections.abc import Iterable, Iterator, Sequence
+from typing import Any
+
+import apache_beam as beam
+from apache_beam.options.pipeline_options import PipelineOptions
+
+from bert_jax import storage
+from bert_jax.data import blocks
+from bert_jax.data import corpus
+from bert_jax.data import prepare
+from bert_jax.data import shuffle
+from bert_jax.data import workers
+
+RUNNERS = ("DirectRunner", "DataflowRunner", "FlinkRunner", "SparkRunner")
+_BLOCKS_DIR = ".beam_blocks"
+
+
+class _ReadFile(beam.DoFn):
+  """A file's documents as (key, sentences) (`shuffle.clean`ed, empty ones dropped), and its
+  `corpus.CorpusStats` as a dict on the "stats" output."""
+
+  def __init__(self, input_format: str, seed: int):
+    self._input_format, self._seed = input_format, seed
+
+  def process(self, path: str) -> Iterator[Any]:
+    stats = corpus.CorpusStats()
+    for document in corpus.file_documents(path, self._input_format, stats):
+      sentences = shuffle.clean(document)
+      if sentences:
+        yield shuffle.document_key(self._seed, sentences), sentences
+    yield beam.pvalue.TaggedOutput("stats", dataclasses.asdict(stats))
+
+
+def _sum_dicts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
+  total: dict[str, int] = {}
+  for d in dicts:
+    for name, value in d.items():
+      total[name] = total.get(name, 0) + value
+  return total
+
+
+def _shard_blocks(item: tuple[int, Iterable[tuple[bytes, list[str]]]],
+                  settings: blocks.ExampleSettings) -> Iterator[blocks.DocumentBlock]:
+  """The blocks of one shard: its documents in key order, cut as the local path cuts them."""
+  shard, keyed = item
+  ordered = sorted(keyed, key=lambda kd: kd[0])
+  yield from blocks.iter_document_blocks(
+      (sentences for _, sentences in ordered), validation_fraction=settings.validation_fraction,
+      block_chars=settings.block_chars, shard=shard)
+
+
+class _WriteBlock(beam.DoFn):
+  """Builds a block's rows into `<blocks_dir>/<block.name>.array_record` (`workers.write_block`)
+  and yields what Finalize needs: (split, shard, index, path, bytes, stats as a dict)."""
+
+  def __init__(self, blocks_dir: str, vocab, settings: blocks.ExampleSettings):
+    self._blocks_dir, self._vocab, self._settings = blocks_dir, vocab, settings
+
+  def setup(self) -> None:
+    storage.makedirs(self._blocks_dir)  # Local output: each worker machine's own disk.
+
+  def process(self, block: blocks.DocumentBlock) -> Iterator[tuple]:
+    path = storage.join(self._blocks_dir, f"{block.name}.array_record")
+    remote = storage.is_remote(path)
+    local_dir = tempfile.mkdtemp(prefix="bert_jax_beam_") if remote else self._blocks_dir
+    # A name of this attempt's own: a retried or speculative attempt never writes into it.
+    local = os.path.join(local_dir, f".{block.name}.{uuid.uuid4().hex[:8]}.tmp")
+    try:
+      _, _, num_bytes, stats = workers.write_block(block, self._settings, local, self._vocab)
+      if stats.rows:
+        if remote:
+          with open(local, "rb") as f:
+            storage.write_bytes(path, f.read())
+        else:
+          os.replace(local, path)
+    finally:
+      if os.path.exists(local):
+        os.remove(local)
+      if remote:
+        os.rmdir(local_dir)
+    yield block.split, block.shard, block.index, path, num_bytes, dataclasses.asdict(stats)
+
+
+def _finalize(results: list[tuple], corpus_stats: dict[str, int], *, output_dir: str, vocab,
+              settings: blocks.ExampleSettings, corpus_fingerprint: str, start: float) -> None:
+  """Every block is written: the TFDS layout of the block files, then bert_meta.json (last)."""
+  from bert_jax.data import tfds_builder  # Deferred: TFDS is a slow import.
+
+  split_stats = {split: blocks.BlockStats() for split in blocks.SPLITS}
+  split_shards: dict[str, list[tuple[str, int, int]]] = {split: [] for split in blocks.SPLITS}
+  for split, _, _, path, num_bytes, stats in sorted(results, key=lambda r: r[:3]):
+    block_stats = blocks.BlockStats(**stats)
+    split_stats[split].add(block_stats)
+    if block_stats.rows:
+      split_shards[split].append((path, block_stats.rows, num_bytes))
+  prepare._check_splits(split_stats, settings)  # pylint: disable=protected-access
+  tfds_builder.write_tfds_layout(output_dir, settings.max_seq_length, settings.examples_per_row,
+                                 split_shards)
+  storage.remove_tree(storage.join(output_dir, _BLOCKS_DIR))
+  meta = prepare._meta(vocab, settings, split_stats,  # pylint: disable=protected-access
+                       corpus.CorpusStats(**corpus_stats), corpus_fingerprint,
+                       time.time() - start)
+  storage.write_text(storage.join(output_dir, prepare.META_FILE), json.dumps(meta, indent=2))
+
+
+def build_pipeline(pipeline: beam.Pipeline, paths: Sequence[str], input_format: str, vocab,
+                   settings: blocks.ExampleSettings, output_dir: str,
+                   corpus_fingerprint: str = "") -> None:
+  """Adds preparation's transforms to `pipeline` (the vocabulary is already in `output_dir`)."""
+  read = (pipeline
+          | "Files" >> beam.Create(list(paths))
+          | "SpreadFiles" >> beam.Reshuffle()
+          | "Read" >> beam.ParDo(_ReadFile(input_format, settings.seed)).with_outputs(
+              "stats", main="documents"))
+  documents = read.documents
+  chars = (documents
+           | "Chars" >> beam.Map(lambda kd: sum(map(len, kd[1])))
+           | "SumChars" >> beam.CombineGlobally(sum))
+  corpus_stats = (read.stats
+                  | "CorpusStats" >> beam.CombineGlobally(_sum_dicts))
+  results = (documents
+             | "Shard" >> beam.Map(
+                 lambda kd, total: (shuffle.shard_of(
+                     kd[0], shuffle.shard_bits(total, settings.shard_chars)), kd),
+                 total=beam.pvalue.AsSingleton(chars))
+             | "GroupShards" >> beam.GroupByKey()
+             | "Blocks" >> beam.FlatMap(_shard_blocks, settings)
+             | "SpreadBlocks" >> beam.Reshuffle()
+             | "WriteBlocks" >> beam.ParDo(_WriteBlock(
+                 storage.join(output_dir, _BLOCKS_DIR), vocab, settings)))
+  _ = (results
+       | "AllBlocks" >> beam.combiners.ToList()
+       | "Finalize" >> beam.Map(
+           _finalize, beam.pvalue.AsSingleton(corpus_stats), output_dir=output_dir, vocab=vocab,
+           settings=settings, corpus_fingerprint=corpus_fingerprint, start=time.time()))
+
+
+def prepare_dataset(output_dir: str, paths: Sequence[str], input_format: str, vocab,
+                    settings: blocks.ExampleSettings, *, runner: str = "DirectRunner",
+                    beam_options: Sequence[str] = (), corpus_fingerprint: str = ""
+                    ) -> dict[str, Any]:
+  """`prepare.prepare_dataset` of the files `paths` on a Beam `runner` (options: Beam's flags,
+  e.g. "--direct_num_workers=4", "--project=...", "--temp_location=gs://..."); returns the
+  metadata written. On any failure what the run wrote into `output_dir` (empty before) is
+  removed, and bert_meta.json was never written."""
+  if runner not in RUNNERS:
+    raise ValueError(f"--beam_runner={runner!r} is not one of {', '.join(RUNNERS)}")
+  settings.validate()
+  settings = dataclasses.replace(settings, max_examples_per_row=settings.examples_per_row)
+  output_dir = storage.absolute(output_dir)
+  prepare.check_output_dir(output_dir)
+  existed = storage.isdir(output_dir)
+  try:
+    vocab.save(storage.join(output_dir, prepare.VOCAB_DIR))
+    options = PipelineOptions(list(beam_options), runner=runner, save_main_session=False)
+    with beam.Pipeline(options=options) as pipeline:
+      build_pipeline(pipeline, paths, input_format, vocab, settings, output_dir,
+                     corpus_fingerprint)
+  except BaseException:
+    try:
+      storage.remove_tree(output_dir)
+      if existed:
+        storage.makedirs(output_dir)  # As it was: empty.
+    except Exception as e:  # pylint: disable=broad-except  (the pipeline's error matters more)
+      logging.warning("prepare: could not remove the failed run's %s (%s); delete it before "
+                      "preparing into it again.", output_dir, e)
+    raise
+  meta = prepare.load_meta(output_dir)
+  train = meta["splits"][blocks.TRAIN]
+  logging.info("prepare (Beam %s): wrote %s (%d train rows holding %d examples) in %.1f s",
+               runner, output_dir, train["rows"], train["examples"], meta["prepare_seconds"])
+  return meta
