@@ -119,7 +119,8 @@ def test_a_failed_pipeline_leaves_no_meta_and_training_refuses(corpus_files, tmp
   killed = str(tmp_path / "killed")
   vocab.save(os.path.join(killed, prepare.VOCAB_DIR))
   with pytest.raises(Exception, match="made to fail"):
-    with apache_beam_lib.Pipeline(options=beam.PipelineOptions(list(ONE_WORKER))) as pipeline:
+    with beam.scratch_tempdir(), apache_beam_lib.Pipeline(
+        options=beam.PipelineOptions(list(ONE_WORKER))) as pipeline:
       beam.build_pipeline(pipeline, paths, "bert", vocab, SETTINGS, killed)
   assert os.path.isdir(killed) and not os.path.exists(os.path.join(killed, prepare.META_FILE))
   config = tiny.get_config()

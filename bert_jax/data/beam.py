@@ -26,6 +26,7 @@ of Beam workers or bundle sizes:
 Needs `apache-beam` (requirements-beam.txt); nothing else in bert_jax imports this module.
 """
 
+import contextlib
 import dataclasses
 import json
 import logging
@@ -170,6 +171,20 @@ def build_pipeline(pipeline: beam.Pipeline, paths: Sequence[str], input_format: 
            settings=settings, corpus_fingerprint=corpus_fingerprint, start=time.time()))
 
 
+@contextlib.contextmanager
+def scratch_tempdir() -> Iterator[None]:
+  """Beam's portable runner leaves an empty beam-temp* directory in $TMPDIR behind each pipeline
+  (its job server's, never stopped): pipelines run inside this go into a directory of ours,
+  removed afterwards."""
+  previous = tempfile.tempdir
+  with tempfile.TemporaryDirectory(prefix="bert_jax_beam_") as scratch:
+    tempfile.tempdir = scratch
+    try:
+      yield
+    finally:
+      tempfile.tempdir = previous
+
+
 def prepare_dataset(output_dir: str, paths: Sequence[str], input_format: str, vocab,
                     settings: blocks.ExampleSettings, *, runner: str = "DirectRunner",
                     beam_options: Sequence[str] = (), corpus_fingerprint: str = ""
@@ -188,7 +203,7 @@ def prepare_dataset(output_dir: str, paths: Sequence[str], input_format: str, vo
   try:
     vocab.save(storage.join(output_dir, prepare.VOCAB_DIR))
     options = PipelineOptions(list(beam_options), runner=runner, save_main_session=False)
-    with beam.Pipeline(options=options) as pipeline:
+    with scratch_tempdir(), beam.Pipeline(options=options) as pipeline:
       build_pipeline(pipeline, paths, input_format, vocab, settings, output_dir,
                      corpus_fingerprint)
   except BaseException:
