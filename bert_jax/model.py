@@ -120,8 +120,9 @@ class BertConfig:
   dropout_rng: str = _field("hash", RUN)  # Random bits of dropout masks (see `dropout`).
   # Attention where no attention dropout applies: jax.nn.dot_product_attention's "xla"
   # (anywhere) or "cudnn" (NVIDIA GPUs, fused), Pallas "splash" (TPUs, fused; `splash.py`),
-  # "auto" (`resolve_attention_impl`: splash on TPUs, cudnn on NVIDIA GPUs in bfloat16, else
-  # xla) or "einsum" (the explicit scores + softmax path that attention dropout always takes).
+  # "auto" (`resolve_attention_impl`: splash on TPUs where L is a multiple of 128, cudnn on
+  # NVIDIA GPUs in bfloat16, else xla) or "einsum" (the explicit scores + softmax path that
+  # attention dropout always takes).
   attention_impl: str = _field("auto", RUN)
   splash_block_q: int = _field(0, RUN)  # "splash": query rows per block (0: min(512, L)).
   splash_block_kv: int = _field(0, RUN)  # "splash": key rows per block (0: min(512, L)).
@@ -527,21 +528,23 @@ class SelfAttention(nn.Module):
                                                               self.local)
     rate = 0.0 if self.deterministic else c.attention_probs_dropout_prob
     dropout_key = self.make_rng("dropout") if rate > 0.0 else None
-    context = _attend(c, resolve_attention_impl(c), rate, segment_ids, mask, self.local)(
+    impl = resolve_attention_impl(c, length=x.shape[1])
+    context = _attend(c, impl, rate, segment_ids, mask, self.local)(
         query, key, value, dropout_key)  # [B, L, N, D]
     return _Einsum(c, (*heads, c.hidden_size), (HEADS, KV, EMBED), (c.hidden_size,), (EMBED,),
                    "blnd,ndh->blh", name="output")(context)  # [B, L, H]
 
 
-def resolve_attention_impl(config: BertConfig, device=None) -> str:
+def resolve_attention_impl(config: BertConfig, device=None, length: int | None = None) -> str:
   """config.attention_impl with "auto" decided for `device` (default: this process's first):
-  "splash" on a TPU, "cudnn" on an NVIDIA GPU when the compute dtype is bfloat16 and the head
+  "splash" on a TPU (for rows of `length` tokens when given: a multiple of the kernel's 128
+  lanes, else "xla"), "cudnn" on an NVIDIA GPU when the compute dtype is bfloat16 and the head
   size one cuDNN takes (<= 128, a multiple of 8; it refuses float32), else "xla"."""
   if config.attention_impl != "auto":
     return config.attention_impl
   device = jax.devices()[0] if device is None else device
   if device.platform == "tpu":
-    return "splash"
+    return "splash" if length is None or length % splash.LANES == 0 else "xla"
   if (device.platform == "gpu" and "nvidia" in device.device_kind.lower()
       and config.dtype == jnp.bfloat16 and config.head_dim <= 128 and config.head_dim % 8 == 0):
     return "cudnn"

@@ -62,8 +62,8 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.remat = "dots"
   config.model.dtype = "float32"  # Compute dtype: "float32" or "bfloat16".
   config.model.param_dtype = "float32"  # Parameter (and optimizer state) dtype.
-  # Attention where no attention dropout applies: "auto" (splash on TPUs, cudnn on NVIDIA GPUs
-  # in bfloat16, else xla), "xla" (anywhere), "cudnn" (NVIDIA GPUs, fused), "splash" (TPUs,
+  # Attention where no attention dropout applies: "auto" (splash on TPUs for L a multiple of
+  # 128, cudnn on NVIDIA GPUs in bfloat16, else xla), "xla" (anywhere), "cudnn" (NVIDIA GPUs, fused), "splash" (TPUs,
   # Pallas; interpreted elsewhere, slowly) or "einsum" (reference). Attention dropout: einsum.
   config.model.attention_impl = "auto"
   config.model.splash_block_q = 0  # "splash": query rows per block, 128k | L (0: min(512, L)).

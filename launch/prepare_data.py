@@ -83,7 +83,9 @@ _DUPE_FACTOR = flags.DEFINE_integer("dupe_factor", _DEFAULTS.data.dupe_factor,
 _VALIDATION_FRACTION = flags.DEFINE_float(
     "validation_fraction", _DEFAULTS.data.validation_fraction,
     "Fraction of documents held out for the validation split.")
-_SEED = flags.DEFINE_integer("seed", _DEFAULTS.seed, "Seed of example construction.")
+_SEED = flags.DEFINE_integer(
+    "seed", _DEFAULTS.seed, "Seed of the corpus-wide document shuffle and of example "
+    "construction (not of the validation split: that depends on each document's text).")
 _NUM_WORKERS = flags.DEFINE_integer(
     "num_workers", -1, "Worker processes (-1: one per core, 0: in this process).")
 _BEAM_RUNNER = flags.DEFINE_enum(

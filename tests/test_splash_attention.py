@@ -143,6 +143,9 @@ def test_auto_is_splash_on_tpu_cudnn_on_nvidia_bfloat16_and_xla_elsewhere():
   assert auto.attention_impl == "auto" == base.get_config().model.attention_impl
   assert model.resolve_attention_impl(auto) == "xla"  # This CPU: exact BERT's path unchanged.
   assert model.resolve_attention_impl(auto, device("tpu", "TPU v5 lite")) == "splash"
+  # Rows the kernel's 128 lanes do not tile (a short fine-tuning length) take "xla" instead.
+  assert model.resolve_attention_impl(auto, device("tpu", "TPU v5 lite"), length=384) == "splash"
+  assert model.resolve_attention_impl(auto, device("tpu", "TPU v5 lite"), length=100) == "xla"
   bf16 = BertConfig(dtype="bfloat16")
   assert model.resolve_attention_impl(bf16, device("gpu", "NVIDIA H100 80GB HBM3")) == "cudnn"
   assert model.resolve_attention_impl(auto, device("gpu", "NVIDIA H100 80GB HBM3")) == "xla"
