@@ -30,7 +30,7 @@ from bert_jax import finetune, model as model_lib, predict, weights
 from bert_jax.data.encoding import encode_pair
 from bert_jax.data.vocab import Vocab, train_sentencepiece
 from bert_jax.model import BertConfig, BertForPreTraining, param_shapes
-from bert_jax.weights import hf, hf_modernbert, params as params_lib
+from bert_jax.weights import hf, hf_modernbert, hf_tokenizer, params as params_lib
 from configs import finetune_classification, finetune_qa, finetune_tagging
 from tests import test_finetune as ft
 from tests.suite_flags import xla_flags
@@ -327,6 +327,29 @@ def _random_params(config: BertConfig, seed: int = 0) -> dict:
       np.float32)
   return params_lib.unflatten({path: draw(path, shape)
                                for path, shape in param_shapes(config).items()})
+
+
+@pytest.mark.parametrize("kind", ["unigram", "bpe"])
+def test_sentencepiece_model_is_decoded_as_sentencepiece_reads_it(sentencepiece_vocabs, kind):
+  """The export decodes the ModelProto itself (sentencepiece's generated protobuf module needs
+  the protobuf runtime it was built with): pieces, scores and types as the processor has them."""
+  import sentencepiece as spm  # pylint: disable=import-outside-toplevel
+
+  _, model_proto = sentencepiece_vocabs[kind].model_file()
+  processor = spm.SentencePieceProcessor(model_proto=model_proto)
+  model = hf_tokenizer._parse_model(model_proto)  # pylint: disable=protected-access
+  assert len(model.pieces) == processor.get_piece_size() > 500
+  assert [(p.piece, p.score) for p in model.pieces] == [
+      (processor.id_to_piece(i), processor.get_score(i)) for i in range(len(model.pieces))]
+  types = {1: "normal", 2: "unknown", 3: "control", 4: "user_defined", 6: "byte"}
+  for i, piece in enumerate(model.pieces):
+    kind_of = types[piece.type]
+    assert processor.is_unknown(i) == (kind_of == "unknown")
+    assert processor.is_control(i) == (kind_of == "control")
+    assert processor.is_byte(i) == (kind_of == "byte"), (i, piece)
+  assert model.trainer_spec.model_type == {"unigram": 1, "bpe": 2}[kind]
+  assert model.trainer_spec.byte_fallback and model.trainer_spec.unk_id == processor.unk_id()
+  assert model.normalizer_spec.precompiled_charsmap  # nmt_nfkc's.
 
 
 @pytest.mark.parametrize("kind,modern", [("unigram", True), ("bpe", True), ("unigram", False),

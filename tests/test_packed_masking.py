@@ -7,6 +7,7 @@ import dataclasses
 import functools
 import random
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -246,3 +247,14 @@ def test_examples_and_targets_per_example_in_the_train_metrics():
   eligible = (~np.isin(one["input_ids"], SPECIALS)).sum(axis=1)
   assert np.asarray(cut["masked_lm_weights"]).sum(axis=1).tolist() == [
       min(10, example_targets(int(n), 0.15)) for n in eligible]
+  # The evaluation counts the examples it covered too (MLM-only rows: one each; padding rows
+  # none), not NSP's count (0 for MLM-only rows).
+  mlm_rows = {**one, "nsp_weights": one["nsp_weights"] * 0}
+  mlm_rows["segment_ids"] = mlm_rows["segment_ids"].copy()
+  mlm_rows["segment_ids"][-2:] = 0  # 2 padding rows.
+  params = jax.jit(lambda key: nn.meta.unbox(mlm_task.model.init(
+      key, *mlm_task.example_inputs(), deterministic=True)["params"]))(jax.random.key(0))
+  _, eval_sums = jax.jit(lambda p, rows: mlm_task.eval_outputs(
+      p, mlm_task.prepare_eval(rows, jax.random.key(1))))(params, mlm_rows)
+  scores = mlm_task.scores({}, jax.device_get(eval_sums), None)
+  assert scores.counts["examples"] == 30.0 and eval_sums["nsp_count"] == 0

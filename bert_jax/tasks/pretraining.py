@@ -96,7 +96,8 @@ class PretrainingTask(Task):
 
   def eval_outputs(self, params, batch: Batch) -> tuple[dict, dict]:
     sums = losses.pretraining_sums(self._forward(params, batch, None), batch)
-    return {}, sums  # Exact means need the sums only.
+    # Exact means need the sums only; the examples the evaluation covered (padding rows: 0).
+    return {}, {**sums, "examples": self.examples(batch)}
 
   def report(self, sums: dict[str, float]) -> dict[str, float]:
     # Targets per example: each example's own min(P, max(1, round(mask_prob x n))), on average.
@@ -105,7 +106,8 @@ class PretrainingTask(Task):
 
   def scores(self, outputs: dict[str, np.ndarray], sums: dict[str, float], data) -> Scores:
     del outputs, data
-    return Scores(losses.means(sums), {"examples": sums["nsp_count"],
+    # "examples": every example evaluated (MLM-only rows too: one each), not NSP's count.
+    return Scores(losses.means(sums), {"examples": sums["examples"],
                                        "targets": sums["mlm_count"]})
 
   def initial_params(self, pretrained: dict) -> dict:

@@ -25,6 +25,9 @@ as a fill-mask pipeline needs.
 
 import json
 import re
+import struct
+import types
+from collections.abc import Iterator
 from typing import Any, Sequence
 
 import tokenizers
@@ -43,13 +46,82 @@ _NORMAL, _USER_DEFINED = 1, 4
 _HF_NAMES = ("pad_token", "unk_token", "cls_token", "sep_token", "mask_token")
 
 
-def _parse_model(model_proto: bytes):
-  """The sentencepiece ModelProto (the protobuf classes sentencepiece ships)."""
-  from sentencepiece import sentencepiece_model_pb2  # pylint: disable=import-outside-toplevel
+def _fields(data: bytes) -> Iterator[tuple[int, int, Any]]:
+  """(field number, wire type, value) of a protobuf message's bytes: varints as ints, 32-bit
+  fields as their 4 bytes, length-delimited ones as bytes (64-bit ones skipped)."""
+  position = 0
 
-  model = sentencepiece_model_pb2.ModelProto()
-  model.ParseFromString(model_proto)
-  return model
+  def varint() -> int:
+    nonlocal position
+    value = shift = 0
+    while True:
+      byte = data[position]
+      position += 1
+      value |= (byte & 0x7F) << shift
+      shift += 7
+      if byte < 0x80:
+        return value
+
+  while position < len(data):
+    key = varint()
+    number, wire = key >> 3, key & 7
+    if wire == 0:
+      yield number, wire, varint()
+    elif wire == 1:
+      position += 8
+    elif wire == 2:
+      length = varint()
+      yield number, wire, data[position:position + length]
+      position += length
+    elif wire == 5:
+      yield number, wire, data[position:position + 4]
+      position += 4
+    else:
+      raise ValueError(f"not a sentencepiece model: protobuf wire type {wire}")
+
+
+def _message(data: bytes, schema: dict[int, tuple[str, Any]]) -> types.SimpleNamespace:
+  """The fields of `schema` ({number: (name, default)}) of a message; the default's type says
+  how to read one (bool, int, float, str, bytes); later occurrences win, as in protobuf."""
+  values = {name: default for name, default in schema.values()}
+  for number, _, value in _fields(data):
+    if number in schema:
+      name, default = schema[number]
+      if isinstance(default, bool):
+        value = bool(value)
+      elif isinstance(default, float):
+        value = struct.unpack("<f", value)[0]
+      elif isinstance(default, str):
+        value = value.decode("utf-8")
+      values[name] = value
+  return types.SimpleNamespace(**values)
+
+
+# The fields of sentencepiece_model.proto read here, with their proto2 defaults.
+_PIECE = {1: ("piece", ""), 2: ("score", 0.0), 3: ("type", _NORMAL)}
+_TRAINER_SPEC = {3: ("model_type", _UNIGRAM), 35: ("byte_fallback", False), 40: ("unk_id", 0),
+                 45: ("unk_piece", "<unk>")}
+_NORMALIZER_SPEC = {2: ("precompiled_charsmap", b""), 3: ("add_dummy_prefix", True),
+                    4: ("remove_extra_whitespaces", True), 5: ("escape_whitespaces", True)}
+
+
+def _parse_model(model_proto: bytes) -> types.SimpleNamespace:
+  """The parts of a sentencepiece ModelProto the HF tokenizer needs (pieces, trainer_spec,
+  normalizer_spec), decoded here: sentencepiece's generated protobuf module requires the
+  protobuf runtime it was generated with (7.36 for sentencepiece 0.2.3), which Apache Beam's
+  pin (6.33) does not meet."""
+  pieces, trainer, normalizer = [], b"", b""
+  for number, wire, value in _fields(model_proto):
+    if wire != 2:
+      continue
+    if number == 1:
+      pieces.append(_message(value, _PIECE))
+    elif number == 2:
+      trainer += value  # A message given twice merges.
+    elif number == 3:
+      normalizer += value
+  return types.SimpleNamespace(pieces=pieces, trainer_spec=_message(trainer, _TRAINER_SPEC),
+                               normalizer_spec=_message(normalizer, _NORMALIZER_SPEC))
 
 
 def _bpe_merges(model) -> list[tuple[str, str]]:
