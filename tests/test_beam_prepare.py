@@ -258,3 +258,22 @@ def test_the_launchers_function_trains_the_vocabulary_on_a_bounded_sample(corpus
   sampled = read[:len(read) - len(paths)]  # Then the pipeline reads every file.
   assert len(sampled) == 2 and len(set(sampled)) == 2 and sorted(read[len(sampled):]) == paths
   assert meta["vocab_size"] == 280 and meta["corpus_stats"]["files"] == 3
+
+
+def test_the_launcher_reports_a_failed_pipeline_in_one_line(corpus_files, tmp_path):
+  import subprocess
+  import sys
+
+  _, vocab = corpus_files
+  vocab.save(str(tmp_path / "vocab"))
+  (tmp_path / "one.txt").write_text("one lonely sentence\n")  # No NSP example: Finalize fails.
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  done = subprocess.run(
+      [sys.executable, os.path.join(root, "launch", "prepare_data.py"),
+       f"--input={tmp_path / 'one.txt'}", f"--output_dir={tmp_path / 'out'}",
+       f"--vocab={tmp_path / 'vocab'}", "--beam_runner=DirectRunner"],
+      capture_output=True, text=True, timeout=240, cwd=root)
+  errors = [line for line in done.stderr.splitlines() if line.startswith("error:")]
+  assert done.returncode != 0 and len(errors) == 1 and "Traceback" not in done.stderr
+  assert "no training examples" in errors[0]
+  assert not os.path.exists(tmp_path / "out")

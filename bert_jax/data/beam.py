@@ -185,6 +185,20 @@ def scratch_tempdir() -> Iterator[None]:
       tempfile.tempdir = previous
 
 
+@contextlib.contextmanager
+def _quiet_transform_errors() -> Iterator[None]:
+  """An error in a transform reaches the caller as the pipeline's exception (the launcher's one
+  'error:' line; --debug: its traceback); Beam's in-process worker would log its traceback
+  first."""
+  logger = logging.getLogger("apache_beam.runners.common")
+  level = logger.level
+  logger.setLevel(logging.CRITICAL)
+  try:
+    yield
+  finally:
+    logger.setLevel(level)
+
+
 def prepare_dataset(output_dir: str, paths: Sequence[str], input_format: str, vocab,
                     settings: blocks.ExampleSettings, *, runner: str = "DirectRunner",
                     beam_options: Sequence[str] = (), corpus_fingerprint: str = ""
@@ -203,7 +217,7 @@ def prepare_dataset(output_dir: str, paths: Sequence[str], input_format: str, vo
   try:
     vocab.save(storage.join(output_dir, prepare.VOCAB_DIR))
     options = PipelineOptions(list(beam_options), runner=runner, save_main_session=False)
-    with scratch_tempdir(), beam.Pipeline(options=options) as pipeline:
+    with scratch_tempdir(), _quiet_transform_errors(), beam.Pipeline(options=options) as pipeline:
       build_pipeline(pipeline, paths, input_format, vocab, settings, output_dir,
                      corpus_fingerprint)
   except BaseException:

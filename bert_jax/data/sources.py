@@ -113,28 +113,37 @@ def _prepare_beam(output_dir: str, source: CorpusSource, vocab: VocabSource,
                      "requirements-beam.txt") from None
   if runner not in beam.RUNNERS:
     raise ValueError(f"--beam_runner={runner!r} is not one of {', '.join(beam.RUNNERS)}")
-  documents, _, fingerprint, named = _documents(source)
+  _, _, fingerprint, named = _documents(source)
   paths = corpus.expand_paths(source.input)
-  sizes = {path: storage.size(path) for path in paths}
-  if sum(sizes.values()) > BEAM_VOCAB_SAMPLE_BYTES:
-    order, sample, total = list(paths), [], 0
-    random.Random(settings.seed).shuffle(order)
-    while total < BEAM_VOCAB_SAMPLE_BYTES:
-      sample.append(order.pop())
-      total += sizes[sample[-1]]
-    logging.info("Vocabulary sample: %d of %d files (%.2f of %.2f GB)", len(sample), len(paths),
-                 total / 1e9, sum(sizes.values()) / 1e9)
+  sample = _vocab_sample(paths, settings.seed)
 
-    def documents() -> Iterator[corpus.Document]:  # pylint: disable=function-redefined
-      stats = corpus.CorpusStats()
-      for path in sample:
-        yield from corpus.file_documents(path, source.input_format, stats)
+  def documents() -> Iterator[corpus.Document]:
+    stats = corpus.CorpusStats()
+    for path in sample:
+      yield from corpus.file_documents(path, source.input_format, stats)
+
   with tempfile.TemporaryDirectory(prefix="bert_jax_prepare_") as work_dir:
     trained = _vocab(vocab, documents, work_dir, named)
     meta = beam.prepare_dataset(output_dir, paths, source.input_format, trained, settings,
                                 runner=runner, beam_options=options,
                                 corpus_fingerprint=fingerprint)
   return meta
+
+
+def _vocab_sample(paths: Sequence[str], seed: int) -> list[str]:
+  """The files a Beam preparation trains its vocabulary on: all of them (in order) up to
+  `BEAM_VOCAB_SAMPLE_BYTES`, else whole files in a seeded order until that much is reached."""
+  sizes = {path: storage.size(path) for path in paths}
+  if sum(sizes.values()) <= BEAM_VOCAB_SAMPLE_BYTES:
+    return list(paths)
+  order, sample, total = list(paths), [], 0
+  random.Random(seed).shuffle(order)
+  while total < BEAM_VOCAB_SAMPLE_BYTES:
+    sample.append(order.pop())
+    total += sizes[sample[-1]]
+  logging.info("Vocabulary sample: %d of %d files (%.2f of %.2f GB)", len(sample), len(paths),
+               total / 1e9, sum(sizes.values()) / 1e9)
+  return sample
 
 
 def chosen_source(source: CorpusSource) -> str:
