@@ -236,6 +236,9 @@ def test_beam_flags_are_checked_before_any_work(corpus_files, tmp_path):
       sources.CorpusSource(input=paths), beam_options=["--direct_num_workers=2"])
   assert "is not one of" in prepare_with(sources.CorpusSource(input=paths),
                                          beam_runner="LocalRunner")
+  with pytest.raises(ValueError, match="give a bucket"):  # Workers have disks of their own.
+    beam.prepare_dataset(str(tmp_path / "out"), paths, "bert", corpus_files[1], SETTINGS,
+                         runner="DataflowRunner")
   assert not os.path.exists(tmp_path / "out")
 
 

@@ -93,7 +93,7 @@ class _WriteBlock(beam.DoFn):
     self._blocks_dir, self._vocab, self._settings = blocks_dir, vocab, settings
 
   def setup(self) -> None:
-    storage.makedirs(self._blocks_dir)  # Local output: each worker machine's own disk.
+    storage.makedirs(self._blocks_dir)  # A local (or shared, mounted) output directory.
 
   def process(self, block: blocks.DocumentBlock) -> Iterator[tuple]:
     path = storage.join(self._blocks_dir, f"{block.name}.array_record")
@@ -209,6 +209,9 @@ def prepare_dataset(output_dir: str, paths: Sequence[str], input_format: str, vo
   removed, and bert_meta.json was never written."""
   if runner not in RUNNERS:
     raise ValueError(f"--beam_runner={runner!r} is not one of {', '.join(RUNNERS)}")
+  if runner == "DataflowRunner" and not storage.is_remote(output_dir):
+    raise ValueError(f"--output_dir={output_dir} is on this machine: Dataflow's workers write "
+                     "the dataset themselves, so give a bucket (gs://...)")
   settings.validate()
   settings = dataclasses.replace(settings, max_examples_per_row=settings.examples_per_row)
   output_dir = storage.absolute(output_dir)
