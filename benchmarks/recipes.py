@@ -28,9 +28,10 @@ Run:
   <venv>/bin/python benchmarks/recipes.py --workdir=/tmp/recipes_bench --only=classic,modern
   <venv>/bin/python benchmarks/recipes.py --workdir=/tmp/recipes_bench --finetune --seeds=3
 
---finetune fine-tunes each raced encoder and two scratch encoders (tiny's and modern_tiny's
-model) on the local suite (benchmarks/local_suite.py, whose flags it takes, e.g.
---train_examples): benchmarks/results/<tag>_finetune[_n<N>].jsonl and a table.
+--finetune fine-tunes each raced encoder (--only picks some) and a scratch encoder of each
+base config among them (tiny's and/or modern_tiny's model) on the local suite
+(benchmarks/local_suite.py, whose flags it takes, e.g. --train_examples):
+benchmarks/results/<tag>_finetune[_n<N>].jsonl and a table.
 """
 
 import argparse
@@ -63,6 +64,10 @@ VARIANTS = {
     "modern+span_warmup": ("modern_tiny", {"data.span_warmup_steps": 1000,
                                            "data.span_warmup_start": 32}),
 }
+
+
+# The scratch encoder of each base config: its model, random weights, the same vocabulary.
+SCRATCH = {"scratch": "tiny", "scratch_modern": "modern_tiny"}
 
 
 def variant_config(name: str, overrides: dict | None = None):
@@ -157,16 +162,17 @@ def write_results(rows: list[dict], tag: str) -> None:
 
 
 def finetune(args) -> None:
-  """The local suite on each raced encoder (in VARIANTS order), then on scratch encoders of
-  tiny and modern_tiny (the same vocabulary: the built-in corpus's)."""
+  """The local suite on each raced encoder (in VARIANTS order), then on a scratch encoder of
+  each base config among them (tiny, modern_tiny; the same vocabulary: the built-in corpus's)."""
   directory = os.path.join(args.workdir, "encoders")
   names = [n for n in VARIANTS if os.path.isdir(os.path.join(directory, n))
            and (not args.only or n in args.only.split(","))]
   if not names:
     raise SystemExit(f"--finetune: no raced encoder under {directory}")
   encoders = {n: os.path.join(directory, n) for n in names}
-  encoders.update({"scratch": "scratch:configs.tiny",
-                   "scratch_modern": "scratch:configs.modern_tiny"})
+  bases = {VARIANTS[n][0] for n in names}  # A scratch twin of each base config fine-tuned.
+  encoders.update({name: f"scratch:configs.{base}" for name, base in SCRATCH.items()
+                   if base in bases})
   rows = local_suite.run(encoders, args)
   stem = f"{args.tag}_finetune" + (f"_n{args.train_examples}" if args.train_examples else "")
   with open(os.path.join(RESULTS, f"{stem}.jsonl"), "w") as f:

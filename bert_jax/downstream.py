@@ -13,6 +13,9 @@ the original recipe, and one table of dev scores.
   (MNLI: matched, then mismatched), with the official metrics of `downstream_tasks`; the other
   tasks' from final_eval.json. A run whose final_eval.json is there is never trained again, and
   one whose scores are there is skipped: a killed suite restarts at its first unfinished run.
+  Each run records the settings it learns from (`downstream_settings.json`: every field of
+  `SETTINGS_SECTIONS`); a restart whose settings differ for any run is refused in one line
+  before anything runs (`check_settings`), so no table mixes runs of two settings.
 - Devices: with `--devices_per_run=N` the local devices are split into groups of N
   (`device_groups`) and the runs spread over them, longest first onto the least loaded group
   (`assign_runs`); each group runs its share in a process that sees only its devices
@@ -40,6 +43,12 @@ from bert_jax import downstream_tasks as suites
 from bert_jax.downstream_tasks import TaskSpec
 
 SCORES_FILE = "downstream_scores.json"
+# What a run learns from (written into its workdir before it trains): a restart with other
+# settings in the same --output_dir is refused instead of reusing runs made with the old ones.
+SETTINGS_FILE = "downstream_settings.json"
+# The config sections that decide a run's scores (mesh, checkpoint and logging say where and
+# how it runs, and may change between restarts).
+SETTINGS_SECTIONS = ("seed", "task", "init_from", "vocab", "model", "head", "data", "train")
 RESULTS_JSON, RESULTS_MD = "results.json", "results.md"
 DEFAULT_LEARNING_RATES = "2e-5,3e-5,4e-5,5e-5"  # BERT's GLUE grid (paper, Appendix A.3).
 _ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -230,6 +239,43 @@ def finished(run_dir: str) -> dict[str, Any] | None:
   return summary if summary is not None and "preempted_at" not in summary else None
 
 
+def run_settings(config) -> dict[str, Any]:
+  """The fields of `config` that decide a run's scores, flattened: {"train.learning_rate": ...},
+  as JSON gives them back (tuples as lists)."""
+  flat = {}
+
+  def walk(prefix: str, value: Any) -> None:
+    if isinstance(value, dict):
+      for key, item in value.items():
+        walk(f"{prefix}.{key}" if prefix else key, item)
+    else:
+      flat[prefix] = value
+
+  config = config.to_dict()
+  for section in SETTINGS_SECTIONS:
+    walk(section, config[section])
+  return json.loads(json.dumps(flat))
+
+
+def check_settings(runs: Sequence[Run], configs: dict[Run, Any], output_dir: str) -> None:
+  """Refuses (one line, before anything runs) an --output_dir whose runs were made with other
+  settings: their scores would be tabulated as this command's."""
+  for run in runs:
+    run_dir = run.workdir(output_dir)
+    recorded = _read_json(storage.join(run_dir, SETTINGS_FILE))
+    if recorded is None:
+      continue
+    current = run_settings(configs[run])
+    changed = [f"{k}={recorded.get(k, '(unset)')!r} there, {current.get(k, '(unset)')!r} now"
+               for k in sorted(set(recorded) | set(current)) if recorded.get(k) != current.get(k)]
+    if changed:
+      more = f" and {len(changed) - 3} more" if len(changed) > 3 else ""
+      raise ValueError(
+          f"--output_dir={output_dir} holds runs made with other settings ({run.task} "
+          f"{run.name}: {'; '.join(changed[:3])}{more}); give another --output_dir, or remove "
+          f"{run_dir} to redo that run")
+
+
 def glue_run_scores(spec: TaskSpec, run_dir: str, config) -> dict[str, float]:
   """The official metrics of the run's best export on each dev split of `spec`."""
   from bert_jax import predict  # pylint: disable=g-import-not-at-top
@@ -265,6 +311,9 @@ def run_one(spec: TaskSpec, run: Run, config, output_dir: str, position: str) ->
     _say(f"{label}: finished already ({run_dir})")
     return True
   with workdir_lock.hold(run_dir):  # One run per workdir, here or in another group.
+    settings = storage.join(run_dir, SETTINGS_FILE)
+    if not storage.isfile(settings):
+      storage.write_text(settings, json.dumps(run_settings(config), indent=2))
     summary = finished(run_dir)
     if summary is None:
       _say(f"{label}: fine-tuning in {run_dir}")
@@ -530,6 +579,7 @@ def run_suite(options: Options, base_config, overrides: dict[str, Any],
              for run in runs}
   for run in runs:  # Every run's config, before anything is written.
     config_checks.check_finetuning(configs[run])
+  check_settings(runs, configs, options.output_dir)
   if options.run_group is not None:
     index, count = options.run_group
     share = spread(specs, runs, configs, count)[index]

@@ -43,7 +43,8 @@ median over the seeds at it.
 
 Resume: a run whose final_eval.json exists is never trained again; start the same command again
 after a crash or a kill and the suite continues at its first unfinished run (a run cut off in the
-middle resumes from its last checkpoint). TFDS downloads and prepares GLUE / SQuAD on first use
+middle resumes from its last checkpoint). The same --output_dir with other settings (any field of
+the seed, encoder, model, head, data or train) is refused in one line before anything runs. TFDS downloads and prepares GLUE / SQuAD on first use
 (internet access then). Bad flags end with one line, `error: --flag=value: why`.
 """
 

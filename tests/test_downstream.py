@@ -112,6 +112,19 @@ def test_glue_suite_runs_tabulates_and_resumes_after_a_kill(encoder, tmp_path):
   assert "[2/3] stsb lr 0.001 seed 0: fine-tuning" in resumed.stdout
   assert {name: os.stat(first / name).st_mtime_ns for name in stamps} == stamps
 
+  # Other settings in the same --output_dir: refused in one line before anything runs (the
+  # finished runs would otherwise be tabulated as this command's).
+  recorded = json.load(open(first / downstream.SETTINGS_FILE))
+  assert recorded["train.num_train_epochs"] == 3.0 and recorded["init_from"] == encoder
+  changed = subprocess.run(args + ["--config.train.num_train_epochs=2"], cwd=ROOT, env=_env(),
+                           capture_output=True, text=True, timeout=300)
+  assert changed.returncode == 1, (changed.stdout + changed.stderr)[-3000:]
+  assert changed.stderr.strip().splitlines()[-1] == (
+      f"error: --output_dir={output} holds runs made with other settings (mrpc lr0.001_seed0: "
+      "train.num_train_epochs=3.0 there, 2.0 now); give another --output_dir, or remove "
+      f"{first} to redo that run")
+  assert {name: os.stat(first / name).st_mtime_ns for name in stamps} == stamps
+
   results = json.load(open(output / downstream.RESULTS_JSON))
   assert list(results["tasks"]) == ["mrpc", "stsb", "mnli"]
   for task, metrics in (("mrpc", ["f1", "accuracy"]), ("stsb", ["spearman", "pearson"]),
@@ -298,6 +311,32 @@ def test_runs_get_the_recipe_and_the_overrides_win(monkeypatch, tmp_path):
               "tagging", "t.jsonl", "v.jsonl", "", 64, ("token_f1",))
   with pytest.raises(ValueError, match="--tasks=nope: nope not in --suite=local"):
     downstream.select_tasks(downstream.Options("/c", "local", ("nope",), (1e-4,), 1, "/o"))
+
+
+def test_runs_made_with_other_settings_are_refused_and_where_they_run_is_not(tmp_path):
+  spec, run = suites.GLUE["mrpc"], downstream.Run("mrpc", 2e-5, 0)
+  base = finetune_base.get_config()
+  config = downstream.run_config(base, {}, spec, run, "/ckpt")
+  run_dir = run.workdir(str(tmp_path))
+  downstream.check_settings([run], {run: config}, str(tmp_path))  # Nothing recorded yet.
+  os.makedirs(run_dir)
+  with open(os.path.join(run_dir, downstream.SETTINGS_FILE), "w") as f:
+    json.dump(downstream.run_settings(config), f)
+  # Where and how it runs (mesh, checkpointing, logging) may change between restarts.
+  same = downstream.run_config(base, {"mesh.data": 2, "logging.tensorboard": False,
+                                      "checkpoint.max_to_keep": 1}, spec, run, "/ckpt")
+  downstream.check_settings([run], {run: same}, str(tmp_path))
+  for overrides, checkpoint, named in (
+      ({"model.hidden_dropout_prob": 0.2}, "/ckpt", "model.hidden_dropout_prob=0.1 there, 0.2 now"),
+      ({}, "/other", "init_from='/ckpt' there, '/other' now"),
+      ({"data.max_seq_length": 64, "train.batch_size": 16}, "/ckpt",
+       "data.max_seq_length=128 there, 64 now; train.batch_size=32 there, 16 now")):
+    other = downstream.run_config(base, overrides, spec, run, checkpoint)
+    with pytest.raises(ValueError) as error:
+      downstream.check_settings([run], {run: other}, str(tmp_path))
+    assert str(error.value) == (
+        f"--output_dir={tmp_path} holds runs made with other settings (mrpc lr2e-05_seed0: "
+        f"{named}); give another --output_dir, or remove {run_dir} to redo that run")
 
 
 # -------------------------------------------------------------------------------- bad flags
