@@ -108,11 +108,15 @@ def _resolve_data(config, workdir: str) -> tuple[str | None, dict]:
   if config.data.source == "synthetic":
     return None, {}
   root, prepared = _builtin_root(config, workdir), None
-  if config.data.source == "builtin" and (jax.process_index() == 0 or storage.is_remote(workdir)):
-    # The directory it prepared: the corpus key is not computed twice (a package installed
-    # in between would name another directory).
-    prepared = builtin.ensure_builtin(root, builtin.BuiltinSettings.from_config(config))
+  builtin_data = config.data.source == "builtin"
+  settings = builtin.BuiltinSettings.from_config(config) if builtin_data else None
+  if builtin_data and (jax.process_index() == 0 or storage.is_remote(workdir)):
+    # The directory it prepared (or the run's own, on a restart): the corpus key is not
+    # computed twice (a package installed in between would name another directory).
+    prepared = builtin.run_dataset(root, settings, workdir, record=jax.process_index() == 0)
   multihost_utils.sync_global_devices("bert_jax: dataset ready")
+  if builtin_data and prepared is None:  # Process 0's choice, prepared and recorded by now.
+    prepared = builtin.run_dataset(root, settings, workdir, record=False)
   return pipeline.resolve_dataset(config, root, builtin_dir=prepared)
 
 

@@ -1,6 +1,7 @@
 """Preparation into TFDS, grain pipelines (train / eval / synthetic), launcher and bad inputs."""
 
 import collections
+import dataclasses
 import json
 import os
 import random
@@ -409,6 +410,28 @@ def test_builtin_is_prepared_once_then_read(tmp_path, monkeypatch):
   assert pipeline.resolve_dataset(config, str(tmp_path), dataset_dir) == (dataset_dir, meta)
   monkeypatch.undo()
 
+  # A training run keeps the dataset it started with (builtin.run_dataset, recorded in its
+  # workdir): after a package install its checkpoints' vocabulary is still the data's.
+  run = str(tmp_path / "run")
+  assert builtin.run_dataset(str(tmp_path), settings, run) == dataset_dir
+  with open(os.path.join(run, builtin.RUN_RECORD)) as f:
+    assert json.load(f)["dataset"] == os.path.basename(dataset_dir)
+  monkeypatch.setattr(corpus, "builtin_corpus_fingerprint", lambda: "another corpus")
+  assert builtin.dataset_dir(str(tmp_path), settings) != dataset_dir  # A new run's dataset.
+  assert builtin.run_dataset(str(tmp_path), settings, run) == dataset_dir  # The run's own.
+  assert os.listdir(tmp_path / "data") == [os.path.basename(dataset_dir)]  # Nothing prepared.
+  prepared_for = []
+  monkeypatch.setattr(builtin, "ensure_builtin",
+                      lambda root, s: prepared_for.append(s) or "new dataset")
+  other = dataclasses.replace(settings, dupe_factor=2)  # Other settings: another dataset.
+  assert builtin.run_dataset(str(tmp_path), other, run, record=False) == "new dataset"
+  assert builtin.run_dataset(str(tmp_path), settings, str(tmp_path / "new_run")) == (
+      "new dataset")  # A new workdir: the installed corpus.
+  assert prepared_for == [other, settings]
+  with open(os.path.join(run, builtin.RUN_RECORD)) as f:  # record=False (processes but 0).
+    assert json.load(f)["dataset"] == os.path.basename(dataset_dir)
+  monkeypatch.undo()
+
   # The same dataset prepared into a directory of one's own (launch/prepare_data.py --builtin).
   own = str(tmp_path / "own")
   own_meta = builtin.prepare_builtin(own, settings, num_workers=1, flags=builtin.LAUNCHER_FLAGS)
@@ -433,7 +456,7 @@ def test_builtin_is_prepared_once_then_read(tmp_path, monkeypatch):
                                        "--vocab_size .*--builtin_max_mb"):
     builtin.prepare_builtin(str(tmp_path / "other"), builtin.BuiltinSettings.from_config(config),
                             num_workers=0, flags=builtin.LAUNCHER_FLAGS)
-  assert sorted(os.listdir(tmp_path)) == ["data", "own"]
+  assert sorted(os.listdir(tmp_path)) == ["data", "new_run", "own", "run"]
 
 
 def _train_records(dataset_dir):

@@ -2,7 +2,8 @@
 function that prepares it (`prepare_builtin`).
 
 Training prepares it once into a cache directory named by the key (`ensure_builtin`:
-`<root>/data/builtin-<key>`, `bert_jax/train.py`), then reads it like any prepared dataset
+`<root>/data/builtin-<key>`, `bert_jax/train.py`), and a run keeps the one it started with
+across restarts (`run_dataset`), then reads it like any prepared dataset
 (`pipeline.resolve_dataset`, which only reads); `launch/prepare_data.py --builtin` prepares the
 same dataset (same corpus, vocabulary, rows and fingerprint) into its --output_dir.
 """
@@ -16,6 +17,7 @@ from collections.abc import Iterable, Sequence
 from typing import Any, NamedTuple
 
 import ml_collections
+from absl import logging
 
 from bert_jax import storage
 from bert_jax.data import blocks
@@ -122,6 +124,41 @@ def ensure_builtin(root: str, settings: BuiltinSettings, *,
     if storage.isfile(meta_file):
       return path  # Another process prepared the same dataset first.
     raise
+  return path
+
+
+# In a training workdir: the built-in dataset the run trains on ({"dataset": "builtin-<key>",
+# "settings": its BuiltinSettings}), so that a restart keeps reading it (`run_dataset`).
+RUN_RECORD = "builtin_dataset.json"
+
+
+def run_dataset(root: str, settings: BuiltinSettings, workdir: str, *,
+                record: bool = True) -> str:
+  """The built-in dataset a run in `workdir` trains on: the one it started with, while
+  `<root>/data` holds it and the settings are the same; else `ensure_builtin`'s, recorded in
+  `workdir` (when `record`: process 0) for the next start.
+
+  The corpus is the installed Python files: a package installed or upgraded between two starts
+  is another corpus, so another cache key, and its vocabulary (retrained) would not be the one
+  in the run's checkpoints, which resume refuses. A run keeps its own dataset instead.
+  """
+  record_path = storage.join(workdir, RUN_RECORD)
+  settings_json = json.loads(json.dumps(dataclasses.asdict(settings)))
+  if storage.isfile(record_path):
+    recorded = json.loads(storage.read_text(record_path))
+    path = storage.join(storage.absolute(root), "data", recorded["dataset"])
+    if (recorded["settings"] == settings_json
+        and storage.isfile(storage.join(path, prepare.META_FILE))):
+      if path != dataset_dir(root, settings):
+        logging.warning(
+            "The installed Python files (the built-in corpus) changed since %s started; it goes "
+            "on with the built-in dataset it started with, %s (a new workdir takes the new "
+            "corpus)", workdir, path)
+      return path
+  path = ensure_builtin(root, settings)
+  if record:
+    storage.write_text(record_path, json.dumps(
+        {"dataset": os.path.basename(path), "settings": settings_json}, indent=2))
   return path
 
 
