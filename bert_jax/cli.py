@@ -205,10 +205,11 @@ def _on_sigint(signum, frame) -> None:
   raise KeyboardInterrupt
 
 
-def run(main: Callable[[], None], *, multi_host: bool = False) -> None:
+def run(main: Callable[[], None], *, multi_host: bool = False, after_interrupt: str = "") -> None:
   """`app.run` for a launcher's `main()`: flags (a bad one: one line), quiet console, the
   multi-host runtime when `multi_host`, expected errors as one line with exit status 1, and
-  SIGINT / a signal that stopped a wait as one line with exit status 128 + the signal."""
+  SIGINT / a signal that stopped a wait as one line with exit status 128 + the signal
+  (`after_interrupt`: what the launcher's next start does, said after SIGINT's line)."""
   def absl_main(argv: list[str]) -> None:
     if len(argv) > 1:
       _report(f"unexpected arguments: {argv[1:]} (flags are written --name=value)")
@@ -238,8 +239,8 @@ def run(main: Callable[[], None], *, multi_host: bool = False) -> None:
         raise
       logging.info("Stopped by a signal:", exc_info=True)
       if isinstance(e, KeyboardInterrupt):  # The cleanup it ran on its way up is done.
-        _report("interrupted (SIGINT); what was being written is not kept (a restart resumes "
-                "from the last complete checkpoint)")
+        _report("interrupted (SIGINT); what was being written is not kept"
+                + (f" ({after_interrupt})" if after_interrupt else ""))
         close_log_file()
         sys.exit(128 + signal.SIGINT)
       _report(_one_line(e))

@@ -64,4 +64,5 @@ def main() -> None:
 
 if __name__ == "__main__":
   sys.argv = downstream.with_default_config(sys.argv)
-  cli.run(main)
+  cli.run(main, after_interrupt="a restart goes on with the interrupted run, from its last "
+                                  "complete checkpoint")

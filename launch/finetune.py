@@ -30,4 +30,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  cli.run(main, multi_host=True)
+  cli.run(main, multi_host=True,
+          after_interrupt="a restart resumes from the last complete checkpoint")

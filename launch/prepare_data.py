@@ -120,4 +120,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-  cli.run(main)
+  cli.run(main, after_interrupt="nothing of the dataset is kept; run the command again")

@@ -280,3 +280,64 @@ def test_the_launcher_reports_a_failed_pipeline_in_one_line(corpus_files, tmp_pa
   assert done.returncode != 0 and len(errors) == 1 and "Traceback" not in done.stderr
   assert "no training examples" in errors[0]
   assert not os.path.exists(tmp_path / "out")
+
+
+@pytest.mark.parametrize("to_group", [True, False], ids=["ctrl_c", "kill_int"])
+def test_sigint_stops_every_beam_worker_and_keeps_nothing(corpus_files, tmp_path, to_group):
+  """Ctrl-C in a terminal signals every process of the job; `kill -INT` the launcher alone
+  (Beam's DirectRunner then waited forever for its workers)."""
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  _, vocab = corpus_files
+  vocab.save(str(tmp_path / "vocab"))
+  rng = random.Random(1)
+  for f in range(4):  # ~4 MB: the pipeline runs for tens of seconds.
+    with open(tmp_path / f"big{f}.txt", "w") as out:
+      for _ in range(4000):
+        for _ in range(rng.randint(2, 8)):
+          out.write(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 14))) + "\n")
+        out.write("\n")
+  root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+  output = tmp_path / "out"
+  process = subprocess.Popen(
+      [sys.executable, os.path.join(root, "launch", "prepare_data.py"),
+       f"--input={tmp_path / 'big*.txt'}", f"--output_dir={output}",
+       f"--vocab={tmp_path / 'vocab'}", "--dupe_factor=5", "--beam_runner=DirectRunner",
+       "--beam_options=--direct_num_workers=2 --direct_running_mode=multi_processing"],
+      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=root,
+      start_new_session=True)  # Its own process group, as a terminal's foreground job.
+
+  def descendants() -> set[int]:
+    found, frontier = set(), [process.pid]
+    while frontier:
+      listed = subprocess.run(["pgrep", "-P", str(frontier.pop())], capture_output=True,
+                              text=True).stdout.split()
+      frontier += [int(p) for p in listed]
+      found.update(int(p) for p in listed)
+    return found
+
+  deadline = time.time() + 120
+  while len(descendants()) < 2 and process.poll() is None and time.time() < deadline:
+    time.sleep(0.5)  # Until Beam's worker processes run.
+  workers_seen = descendants()
+  assert len(workers_seen) >= 2 and process.poll() is None, process.communicate()
+  time.sleep(3)
+  if to_group:
+    os.killpg(process.pid, signal.SIGINT)
+  else:
+    process.send_signal(signal.SIGINT)
+  _, stderr = process.communicate(timeout=60)
+  assert process.returncode == 128 + signal.SIGINT, stderr[-2000:]
+  assert stderr.strip().splitlines()[-1] == (
+      "error: interrupted (SIGINT); what was being written is not kept (nothing of the dataset "
+      "is kept; run the command again)")
+  assert "launch/prepare_data.py" not in stderr  # Beam's workers may log their interruption.
+  assert not output.exists()
+  deadline = time.time() + 30
+  while any(os.path.exists(f"/proc/{pid}") for pid in workers_seen) and time.time() < deadline:
+    time.sleep(0.5)
+  left = [pid for pid in workers_seen if os.path.exists(f"/proc/{pid}")]
+  assert not left, f"Beam worker processes still running after Ctrl-C: {left}"

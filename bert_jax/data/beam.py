@@ -31,7 +31,10 @@ import dataclasses
 import json
 import logging
 import os
+import signal
+import subprocess
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterable, Iterator, Sequence
@@ -199,6 +202,69 @@ def _quiet_transform_errors() -> Iterator[None]:
     logger.setLevel(level)
 
 
+def _descendants(pid: int) -> list[int]:
+  """The ids of the processes under `pid` (children before grandchildren): /proc on Linux,
+  pgrep elsewhere."""
+  children: dict[int, list[int]] = {}
+  if os.path.isdir("/proc/self"):
+    for entry in filter(str.isdigit, os.listdir("/proc")):
+      try:
+        with open(f"/proc/{entry}/stat") as f:
+          parent = int(f.read().rsplit(")", 1)[1].split()[1])
+      except (OSError, ValueError, IndexError):
+        continue  # Not a process, or it ended.
+      children.setdefault(parent, []).append(int(entry))
+  found, frontier = [], [pid]
+  while frontier:
+    parent = frontier.pop(0)
+    if not children and not os.path.isdir("/proc/self"):
+      listed = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True,
+                              check=False).stdout.split()
+      mine = [int(p) for p in listed]
+    else:
+      mine = children.get(parent, [])
+    found += mine
+    frontier += mine
+  return found
+
+
+@contextlib.contextmanager
+def _interrupt_reaches_workers() -> Iterator[None]:
+  """SIGINT sent to this process alone (`kill -INT`, a parent's send_signal) goes on to the
+  worker processes the pipeline started, as a terminal's Ctrl-C does: Beam's DirectRunner
+  otherwise may wait on its way out for workers that wait for work, forever (seen once here).
+  Once interrupted, the errors of Beam's threads watching those workers go to the log only."""
+  previous = signal.getsignal(signal.SIGINT)
+  if threading.current_thread() is not threading.main_thread() or previous == signal.SIG_IGN:
+    yield
+    return
+  interrupted, previous_hook = threading.Event(), threading.excepthook
+
+  def forward(signum, frame):
+    interrupted.set()
+    for pid in _descendants(os.getpid()):
+      try:
+        os.kill(pid, signal.SIGINT)
+      except OSError:
+        pass  # It ended meanwhile.
+    (previous if callable(previous) else signal.default_int_handler)(signum, frame)
+
+  def thread_error(args):
+    if not interrupted.is_set():
+      previous_hook(args)
+      return
+    logging.info("Beam thread %s after the interrupt: %r", args.thread and args.thread.name,
+                 args.exc_value)
+
+  signal.signal(signal.SIGINT, forward)
+  threading.excepthook = thread_error
+  try:
+    yield
+  finally:
+    signal.signal(signal.SIGINT, previous)
+    threading.excepthook = previous_hook
+
+
 def prepare_dataset(output_dir: str, paths: Sequence[str], input_format: str, vocab,
                     settings: blocks.ExampleSettings, *, runner: str = "DirectRunner",
                     beam_options: Sequence[str] = (), corpus_fingerprint: str = ""
@@ -220,7 +286,8 @@ def prepare_dataset(output_dir: str, paths: Sequence[str], input_format: str, vo
   try:
     vocab.save(storage.join(output_dir, prepare.VOCAB_DIR))
     options = PipelineOptions(list(beam_options), runner=runner, save_main_session=False)
-    with scratch_tempdir(), _quiet_transform_errors(), beam.Pipeline(options=options) as pipeline:
+    with (scratch_tempdir(), _quiet_transform_errors(), _interrupt_reaches_workers(),
+          beam.Pipeline(options=options) as pipeline):
       build_pipeline(pipeline, paths, input_format, vocab, settings, output_dir,
                      corpus_fingerprint)
   except BaseException:
