@@ -28,8 +28,9 @@ Run:
   <venv>/bin/python benchmarks/recipes.py --workdir=/tmp/recipes_bench --only=classic,modern
   <venv>/bin/python benchmarks/recipes.py --workdir=/tmp/recipes_bench --finetune --seeds=3
 
---finetune fine-tunes each raced encoder (--only picks some) and a scratch encoder of each
-base config among them (tiny's and/or modern_tiny's model) on the local suite
+--finetune fine-tunes each raced encoder and a scratch encoder of each base config among them
+(tiny's and/or modern_tiny's model; --only picks encoders, "scratch" and "scratch_modern"
+included) on the local suite
 (benchmarks/local_suite.py, whose flags it takes, e.g. --train_examples):
 benchmarks/results/<tag>_finetune[_n<N>].jsonl and a table.
 """
@@ -165,14 +166,19 @@ def finetune(args) -> None:
   """The local suite on each raced encoder (in VARIANTS order), then on a scratch encoder of
   each base config among them (tiny, modern_tiny; the same vocabulary: the built-in corpus's)."""
   directory = os.path.join(args.workdir, "encoders")
+  wanted = args.only.split(",") if args.only else None
+  unknown = set(wanted or ()) - set(VARIANTS) - set(SCRATCH)
+  if unknown:
+    raise SystemExit(f"--only: {', '.join(sorted(unknown))} not among "
+                     f"{', '.join([*VARIANTS, *SCRATCH])}")
   names = [n for n in VARIANTS if os.path.isdir(os.path.join(directory, n))
-           and (not args.only or n in args.only.split(","))]
+           and (wanted is None or n in wanted)]
   if not names:
     raise SystemExit(f"--finetune: no raced encoder under {directory}")
   encoders = {n: os.path.join(directory, n) for n in names}
-  bases = {VARIANTS[n][0] for n in names}  # A scratch twin of each base config fine-tuned.
+  bases = {VARIANTS[n][0] for n in names}  # By default a scratch twin of each base config.
   encoders.update({name: f"scratch:configs.{base}" for name, base in SCRATCH.items()
-                   if base in bases})
+                   if (name in wanted if wanted else base in bases)})
   rows = local_suite.run(encoders, args)
   stem = f"{args.tag}_finetune" + (f"_n{args.train_examples}" if args.train_examples else "")
   with open(os.path.join(RESULTS, f"{stem}.jsonl"), "w") as f:
