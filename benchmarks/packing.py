@@ -23,7 +23,7 @@ import json
 import os
 import statistics
 
-from race import RESULTS, Variant, plot, race
+from race import RESULTS, Variant, check_plotting, plot, race
 
 
 def _variant(name: str, examples_per_row: int, workdir: str) -> Variant:
@@ -65,6 +65,7 @@ def main():
   parser.add_argument("--slice_seconds", type=float, default=30.0)
   parser.add_argument("--eval_max_batches", type=int, default=16)
   args = parser.parse_args()
+  check_plotting()
   from bert_jax.data import pipeline
 
   variants = [_variant("unpacked (K=1)", 1, args.workdir),

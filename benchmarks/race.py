@@ -179,9 +179,18 @@ def retimed(curves: list[dict], step_seconds: dict[str, float]) -> list[dict]:
   return out
 
 
+def check_plotting() -> None:
+  """Stops in one line, before any racing, when `plot` could not draw at the end."""
+  try:
+    import matplotlib  # noqa: F401  pylint: disable=import-outside-toplevel,unused-import
+  except ImportError:
+    raise SystemExit("error: the race's plot needs matplotlib, which is not installed: "
+                     "<venv>/bin/pip install -r requirements-bench.txt") from None
+
+
 def plot(curves, path: str, title: str) -> None:
-  """Held-out MLM accuracy against training minutes, one line per curve (needs matplotlib:
-  <venv>/bin/pip install matplotlib)."""
+  """Held-out MLM accuracy against training minutes, one line per curve (matplotlib:
+  requirements-bench.txt; `check_plotting` first)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt

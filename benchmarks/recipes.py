@@ -41,7 +41,7 @@ import os
 import re
 
 import local_suite
-from race import RESULTS, Variant, plot, quiet_step_seconds, race, retimed
+from race import RESULTS, Variant, check_plotting, plot, quiet_step_seconds, race, retimed
 
 # name -> (base config module, overrides): each element of the modern recipe alone on classic
 # BERT, then the whole recipe.
@@ -212,6 +212,7 @@ def main():
   if args.finetune:
     finetune(args)
     return
+  check_plotting()
   overrides = {"train.num_train_steps": args.steps} if args.steps else {}
   if args.retime:
     if args.from_log:
