@@ -37,7 +37,7 @@ import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
@@ -205,27 +205,32 @@ def _quiet_transform_errors() -> Iterator[None]:
 def _descendants(pid: int) -> list[int]:
   """The ids of the processes under `pid` (children before grandchildren): /proc on Linux,
   pgrep elsewhere."""
-  children: dict[int, list[int]] = {}
-  if os.path.isdir("/proc/self"):
-    for entry in filter(str.isdigit, os.listdir("/proc")):
-      try:
-        with open(f"/proc/{entry}/stat") as f:
-          parent = int(f.read().rsplit(")", 1)[1].split()[1])
-      except (OSError, ValueError, IndexError):
-        continue  # Not a process, or it ended.
-      children.setdefault(parent, []).append(int(entry))
+  children_of = _proc_children() if os.path.isdir("/proc/self") else _pgrep_children
   found, frontier = [], [pid]
   while frontier:
-    parent = frontier.pop(0)
-    if not children and not os.path.isdir("/proc/self"):
-      listed = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True,
-                              check=False).stdout.split()
-      mine = [int(p) for p in listed]
-    else:
-      mine = children.get(parent, [])
-    found += mine
-    frontier += mine
+    children = children_of(frontier.pop(0))
+    found += children
+    frontier += children
   return found
+
+
+def _proc_children() -> Callable[[int], list[int]]:
+  """Every process's children, from one read of /proc/<pid>/stat (its 4th field: the parent)."""
+  table: dict[int, list[int]] = {}
+  for entry in filter(str.isdigit, os.listdir("/proc")):
+    try:
+      with open(f"/proc/{entry}/stat") as f:
+        parent = int(f.read().rsplit(")", 1)[1].split()[1])
+    except (OSError, ValueError, IndexError):
+      continue  # Not a process, or it ended.
+    table.setdefault(parent, []).append(int(entry))
+  return lambda parent: table.get(parent, [])
+
+
+def _pgrep_children(parent: int) -> list[int]:
+  listed = subprocess.run(["pgrep", "-P", str(parent)], capture_output=True, text=True,
+                          check=False).stdout.split()
+  return [int(p) for p in listed]
 
 
 @contextlib.contextmanager
