@@ -96,12 +96,12 @@ def eval_rows(workdir: str, max_batches: int):
 
 def summary(curves: list[dict], reference: str = "classic") -> list[dict]:
   """Per variant: final accuracy, minutes, and the minutes it took to reach the reference's
-  final accuracy (linear between evaluations; None if never)."""
+  final accuracy (linear between evaluations; None if never, and for the reference itself)."""
   final = next(c for c in curves if c["variant"] == reference)["points"][-1]["mlm_accuracy"]
   rows = []
   for curve in curves:
     points, reached = curve["points"], None
-    for before, after in zip(points, points[1:]):
+    for before, after in zip(points, points[1:]) if curve["variant"] != reference else ():
       if after["mlm_accuracy"] >= final:
         share = (final - before["mlm_accuracy"]) / max(
             after["mlm_accuracy"] - before["mlm_accuracy"], 1e-12)
@@ -153,7 +153,8 @@ def write_results(rows: list[dict], tag: str) -> None:
   for row in rows:
     if row["kind"] == "summary":
       reached = row["minutes_to_reference_final"]
-      cell = "never" if reached is None else f"{reached:.1f} min ({row['time_share']:.0%})"
+      cell = ("-" if row["variant"] == "classic" else "never" if reached is None
+              else f"{reached:.1f} min ({row['time_share']:.0%})")
       step = seconds[row["variant"]]
       loss = row["final_mlm_loss"]
       print(f"| {row['variant']} | {row['final_mlm_accuracy']:.2%} | "
