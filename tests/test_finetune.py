@@ -857,7 +857,7 @@ def test_finetuning_gradient_accumulation_equals_the_full_batch(tmp_path):
                jax.device_get(full["state"].params))
 
 
-def test_finetuning_refuses_other_labels_and_stops_on_a_read_only_best_export(tmp_path):
+def test_finetuning_refuses_other_labels_or_head_and_stops_on_a_read_only_best_export(tmp_path):
   config = _keyword_config(tmp_path, steps=4)
   workdir = str(tmp_path / "run")
   finetune.finetune_and_evaluate(config, workdir)
@@ -866,6 +866,10 @@ def test_finetuning_refuses_other_labels_and_stops_on_a_read_only_best_export(tm
   config.data.labels = tuple(reversed(labels))  # Same count, other order: other classifier rows.
   with pytest.raises(ValueError, match=r"was trained with the labels \['neg', 'pos'\], this run "
                      r"has \['pos', 'neg'\]"):
+    finetune.finetune_and_evaluate(config, workdir)
+  config.data.labels, config.head.kind = tuple(labels), "modernbert"  # Other head params.
+  with pytest.raises(ValueError, match=r"was trained with bert's task head, this run builds "
+                     r"modernbert's: set --config.head.kind=bert to resume it"):
     finetune.finetune_and_evaluate(config, workdir)
 
   from tests.test_train_e2e import _bind_read_only  # pylint: disable=import-outside-toplevel
