@@ -15,6 +15,8 @@ The modern encoder (ModernBERT: `configs/modern_*.py`) is "rotary" (θ per layer
 (GeGLU), "pre" (pre-LN with a final norm, none before layer 0's attention), no biases but the
 decoder's, and local attention (`local_attention` tokens wide) with a global layer every
 `global_attn_every_n_layers`; field names follow HF's ModernBertConfig where it has them.
+Initialisation: one table of the σ per parameter kind (`INIT_STDS`), BERT's (0.02 everywhere)
+or HF ModernBERT's (`initializer`; "auto" picks ModernBERT's for its architecture).
 The encoder runs its S layers in one `jax.lax.scan` over repeats of the layer pattern (one layer
 for BERT; one global and n - 1 local ones for ModernBERT), so compile time does not grow with
 depth and each layer's kind is static, with a remat policy (`remat`); their params are stacked,
@@ -313,12 +315,12 @@ def _dropout(module: nn.Module, x, rate: float, deterministic: bool):
 # (google-research/bert's truncated_normal; HF ModernBERT's initializer_cutoff_factor 2.0).
 # Norm scales start at 1, biases at 0. The MLM decoder is the word-embedding table (tied), so
 # it has the embeddings' σ in both (HF's own `out` init of the decoder is overwritten by the tie).
-#   kind        parameters                                            bert   modernbert
-#   embedding   word / position / token-type tables                   r      r
-#   in          q, k, v; MLP in (intermediate, wi_0, wi_1); pooler, NSP r    r
-#   out         attention output; MLP out (output, wo)                r      r / sqrt(2 S)
-#   transform   MLM head dense; ModernBERT's fine-tuning head dense   r      r / sqrt(2 S)
-#   classifier  fine-tuning classifier, qa_outputs                    r      H ** -0.5
+#   kind        parameters                                              bert  modernbert
+#   embedding   word / position / token-type tables                     r     r
+#   in          q, k, v; MLP in (intermediate, wi_0, wi_1); pooler, NSP r     r
+#   out         attention output; MLP out (output, wo)                  r     r / sqrt(2 S)
+#   transform   MLM head dense; ModernBERT's fine-tuning head dense     r     r / sqrt(2 S)
+#   classifier  fine-tuning classifier, qa_outputs                      r     H ** -0.5
 INIT_CUTOFF = 2.0
 _DEPTH_SCALED = lambda c: c.initializer_range / math.sqrt(2.0 * c.num_hidden_layers)
 INIT_STDS: dict[str, dict[str, Any]] = {
@@ -398,8 +400,7 @@ class LearnedPositions(nn.Module):
       raise ValueError(f"Sequence length {x.shape[1]} exceeds max_position_embeddings="
                        f"{c.max_position_embeddings}")
     table = self.param("embedding", weight_init(c, (None, EMBED), "embedding"),
-                       (c.max_position_embeddings,
-                                                              c.hidden_size), c.param_dtype)
+                       (c.max_position_embeddings, c.hidden_size), c.param_dtype)
     return x + jnp.take(table, position_ids, axis=0).astype(c.dtype)
 
   @staticmethod
