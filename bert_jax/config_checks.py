@@ -211,8 +211,9 @@ def label_names() -> Check:
 # -------------------------------------------------------------------------------- tables
 
 
-def _model_rules(vocab_size: Check) -> dict[str, Check]:
-  """config.model: pretraining and fine-tuning differ in vocab_size only."""
+def _model_rules(vocab_size: Check, classifier_pooling: Check) -> dict[str, Check]:
+  """config.model: pretraining and fine-tuning differ in vocab_size and classifier_pooling
+  (fine-tuning's "auto": the checkpoint's) only."""
   return {
       "model.vocab_size": vocab_size,
       "model.hidden_size": integer(1),
@@ -247,7 +248,8 @@ def _model_rules(vocab_size: Check) -> dict[str, Check]:
       "model.local_rope_theta": number(0.0, low_open=True),
       "model.local_attention": even_window(),
       "model.global_attn_every_n_layers": integer(1, "1: every layer global"),
-      "model.classifier_pooling": one_of(model.POOLINGS),
+      "model.classifier_pooling": classifier_pooling,
+      "model.initializer": one_of(model.INITIALIZERS),
   }
 
 
@@ -301,7 +303,8 @@ _SEED = integer(0, "", MAX_SEED)
 PRETRAINING_RULES: dict[str, Check] = {
     "seed": _SEED,
     "init_from": string('"": a random init'),
-    **_model_rules(vocab_size=integer(MIN_VOCAB_SIZE, "5 special tokens and a piece to mask")),
+    **_model_rules(vocab_size=integer(MIN_VOCAB_SIZE, "5 special tokens and a piece to mask"),
+                   classifier_pooling=one_of(model.POOLINGS)),
     "data.source": one_of(DATA_SOURCES),
     "data.dataset_dir": string('"": none; source "prepared" needs one'),
     # [CLS] A [SEP] B [SEP]: the shortest row prepare and the synthetic source can build.
@@ -338,8 +341,11 @@ FINETUNING_RULES: dict[str, Check] = {
     "init_from": string('"": from scratch'),
     "vocab": string('"": the checkpoint\'s own'),
     # From scratch: 0 takes the vocabulary's size (finetune.load_encoder checks a larger one).
-    **_model_rules(vocab_size=integer(0, "0: the vocabulary's size")),
+    **_model_rules(vocab_size=integer(0, "0: the vocabulary's size"),
+                   classifier_pooling=one_of(("auto", *model.POOLINGS))),
+    "head.kind": one_of(tasks.HEAD_KINDS),
     "head.dropout_prob": probability(),
+    "head.classifier_dropout": probability(),
     "data.train_file": string(),
     "data.validation_file": string('"": no evaluation'),
     "data.format": one_of(DATA_FORMATS),

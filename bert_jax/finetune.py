@@ -16,6 +16,7 @@ import json
 from typing import Any
 
 import jax
+from absl import logging
 
 from bert_jax import config_checks, model as model_lib, programs, sharding, storage, tasks, trainer
 from bert_jax.data import finetune as finetune_data
@@ -27,13 +28,20 @@ from bert_jax.weights.layout import num_params
 FINAL_EVAL_FILE = "final_eval.json"
 
 
+# config.model.classifier_pooling's value that keeps the pretrained encoder's own (a ModernBERT
+# fine-tune's "mean"); from scratch it is "cls".
+POOLING_OF_CHECKPOINT = "auto"
+
+
 @dataclasses.dataclass
 class Encoder:
-  """The encoder to fine-tune: its config, pretrained params (None: random init), tokenizer."""
+  """The encoder to fine-tune: its config, pretrained params (None: random init), tokenizer,
+  and the task head beside it in a HuggingFace task model (the run takes it if it fits)."""
   config: BertConfig
   params: dict | None  # Pretrained layout (bert, and heads the source had).
   vocab: Vocab
   source: str
+  head: "weights.TaskHead | None" = None
 
 
 def check(config) -> None:
@@ -51,7 +59,9 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   encoder = load_encoder(config)
   train_records, validation_records = _records(config, "train"), _records(config, "validation")
   labels = task_class.labels_from(train_records, config)
-  task = task_class(encoder.config, task_class.settings_class.from_config(config, labels))
+  task = task_class(encoder.config,
+                    task_class.settings_class.from_config(config, labels, encoder.config))
+  initial = _with_task_head(encoder, task)
   train_data = task.encode(train_records, encoder.vocab, is_training=True)
   validation = task.encode(validation_records, encoder.vocab) if validation_records else None
   config = with_train_length(config, len(train_data.examples))
@@ -67,7 +77,7 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
       meta={"config": config.to_dict(), "model_config": dataclasses.asdict(encoder.config),
             "init_from": encoder.source},
       vocab=encoder.vocab,
-      initial_params=(lambda: encoder.params) if encoder.params is not None else None,
+      initial_params=(lambda: initial) if initial is not None else None,
       initial_source=encoder.source,
       best_metric=config.train.best_metric or task.main_metric())
   result = trainer.train(config, workdir, run)
@@ -106,30 +116,50 @@ def with_train_length(config, num_examples: int):
 
 
 def load_encoder(config) -> Encoder:
-  """From `config.init_from` through `weights.load_pretrained` (its own vocabulary is the
+  """From `config.init_from` through `weights.load_with_head` (its own vocabulary is the
   tokenizer), or a from-scratch config whose vocabulary comes from `config.vocab`."""
   from bert_jax import weights  # Imports HF/TF readers only when needed.
   if config.init_from:
-    model_config, params, vocab = weights.load_pretrained(config.init_from)
+    model_config, params, vocab, head = weights.load_with_head(config.init_from)
     if vocab is None:
       if not config.vocab:
         raise ValueError(f"{config.init_from} has no vocabulary; give --config.vocab (the one "
                          "it was pretrained with)")
       vocab = Vocab.load(config.vocab)
     # The checkpoint fixes the shape and architecture; the run fields (dtypes, dropout, the
-    # attention kernel, remat, vocabulary padding: `initial_params` pads) are this run's.
-    model_config = dataclasses.replace(model_config, **{
-        name: config.model[name] for name in BertConfig.fields_of(model_lib.RUN)})
-    return Encoder(model_config, params, vocab, config.init_from)
+    # attention kernel, remat, vocabulary padding: `initial_params` pads) are this run's, but
+    # for a pooling left to the checkpoint.
+    run = {name: config.model[name] for name in BertConfig.fields_of(model_lib.RUN)}
+    if run["classifier_pooling"] == POOLING_OF_CHECKPOINT:
+      del run["classifier_pooling"]
+    return Encoder(dataclasses.replace(model_config, **run), params, vocab, config.init_from,
+                   head)
   if not config.vocab:
     raise ValueError("Training from scratch (config.init_from is empty) needs --config.vocab")
   vocab = Vocab.load(config.vocab)
   values = dict(config.model)
   values["vocab_size"] = values["vocab_size"] or vocab.size
+  if values["classifier_pooling"] == POOLING_OF_CHECKPOINT:
+    values["classifier_pooling"] = "cls"
   if vocab.size > values["vocab_size"]:
     raise ValueError(f"config.model.vocab_size={values['vocab_size']} is smaller than the "
                      f"vocabulary ({vocab.size} tokens)")
   return Encoder(BertConfig.from_config(values), None, vocab, "scratch")
+
+
+def _with_task_head(encoder: Encoder, task: tasks.FinetuneTask) -> dict | None:
+  """The pretrained params the run starts from: the encoder's, with the source's task head when
+  it is this task's with the same outputs (`FinetuneTask.head_from`); else the head starts
+  fresh, with a warning saying why."""
+  if encoder.head is None:
+    return encoder.params
+  head_params, note = task.head_from(encoder.head)
+  if head_params:
+    console(f"{encoder.source}: {note}")
+  else:
+    logging.warning("%s: %s; the head starts fresh (only the encoder is taken)", encoder.source,
+                    note)
+  return {**encoder.params, **head_params}
 
 
 def _records(config, which: str) -> list[finetune_data.Record]:
@@ -150,6 +180,10 @@ def _log_setup(config, task: tasks.FinetuneTask, encoder: Encoder,
                      f"encoder's max_position_embeddings={c.max_position_embeddings}")
   console(f"Task {task.name}: encoder from {encoder.source} ({c.num_hidden_layers} layers, "
           f"width {c.hidden_size}, vocabulary {encoder.vocab.kind} of {encoder.vocab.size})")
+  followed = config.model.classifier_pooling == POOLING_OF_CHECKPOINT and config.init_from
+  console(f"Head: {task.hf_architecture or task.name}'s, dropout "
+          f"{task.settings.head_dropout_prob:g}, pooling {c.classifier_pooling}"
+          + (" (the checkpoint's)" if followed else ""))
   if task.describe_labels():
     console(task.describe_labels())
   for name, data in (("train", train_data), ("validation", validation)):

@@ -15,6 +15,8 @@ The modern encoder (ModernBERT: `configs/modern_*.py`) is "rotary" (θ per layer
 (GeGLU), "pre" (pre-LN with a final norm, none before layer 0's attention), no biases but the
 decoder's, and local attention (`local_attention` tokens wide) with a global layer every
 `global_attn_every_n_layers`; field names follow HF's ModernBertConfig where it has them.
+Initialisation: one table of the σ per parameter kind (`INIT_STDS`), BERT's (0.02 everywhere)
+or HF ModernBERT's (`initializer`; "auto" picks ModernBERT's for its architecture).
 The encoder runs its S layers in one `jax.lax.scan` over repeats of the layer pattern (one layer
 for BERT; one global and n - 1 local ones for ModernBERT), so compile time does not grow with
 depth and each layer's kind is static, with a remat policy (`remat`); their params are stacked,
@@ -134,6 +136,10 @@ class BertConfig:
   # The vector a fine-tuning head (and NSP) reads of each example: its [CLS] ("cls", BERT) or
   # the mean over its tokens ("mean").
   classifier_pooling: str = _field("cls", RUN)
+  # The σ of each parameter kind at init (`INIT_STDS`): "bert" (initializer_range everywhere),
+  # "modernbert" (HF ModernBERT's table) or "auto" (ModernBERT's for its architecture,
+  # `is_modernbert`; BERT's otherwise). Only fresh params see it.
+  initializer: str = _field("auto", RUN)
 
   def __post_init__(self):
     if self.hidden_size % self.num_attention_heads:
@@ -142,7 +148,8 @@ class BertConfig:
     for name, table in (("hidden_act", ACTIVATIONS), ("position_embedding", POSITION_BLOCKS),
                         ("mlp", MLP_BLOCKS), ("norm_placement", NORM_PLACEMENTS),
                         ("dropout_rng", DROPOUT_RNGS), ("attention_impl", ATTENTION_IMPLS),
-                        ("remat", REMAT_POLICIES), ("classifier_pooling", POOLINGS)):
+                        ("remat", REMAT_POLICIES), ("classifier_pooling", POOLINGS),
+                        ("initializer", INITIALIZERS)):
       if getattr(self, name) not in table:
         raise ValueError(f"{name}={getattr(self, name)!r} is not supported; use one of "
                          f"{list(table)}")
@@ -172,6 +179,13 @@ class BertConfig:
   @property
   def num_global_layers(self) -> int:
     return sum(bool(self.is_global_layer(i)) for i in range(self.num_hidden_layers))
+
+  @property
+  def init_scheme(self) -> str:
+    """`initializer` with "auto" decided: "modernbert" or "bert" (a key of `INIT_STDS`)."""
+    if self.initializer != "auto":
+      return self.initializer
+    return "modernbert" if is_modernbert(self) else "bert"
 
   @property
   def padded_vocab_size(self) -> int:
@@ -295,9 +309,48 @@ def _dropout(module: nn.Module, x, rate: float, deterministic: bool):
   return dropout(x, rate, module.make_rng("dropout"), module.config.dropout_rng)
 
 
-def _init(config: BertConfig, axes: tuple[str | None, ...]):
-  return nn.with_logical_partitioning(
-      nn.initializers.truncated_normal(config.initializer_range), axes)
+# ------------------------------------------------------------------------- initialisation
+# The σ of every weight's truncated normal by kind, per scheme (`BertConfig.initializer`); r =
+# initializer_range, S = num_hidden_layers, H = hidden_size. Values are cut at ±INIT_CUTOFF σ
+# (google-research/bert's truncated_normal; HF ModernBERT's initializer_cutoff_factor 2.0).
+# Norm scales start at 1, biases at 0. The MLM decoder is the word-embedding table (tied), so
+# it has the embeddings' σ in both (HF's own `out` init of the decoder is overwritten by the tie).
+#   kind        parameters                                              bert  modernbert
+#   embedding   word / position / token-type tables                     r     r
+#   in          q, k, v; MLP in (intermediate, wi_0, wi_1); pooler, NSP r     r
+#   out         attention output; MLP out (output, wo)                  r     r / sqrt(2 S)
+#   transform   MLM head dense; ModernBERT's fine-tuning head dense     r     r / sqrt(2 S)
+#   classifier  fine-tuning classifier, qa_outputs                      r     H ** -0.5
+INIT_CUTOFF = 2.0
+_DEPTH_SCALED = lambda c: c.initializer_range / math.sqrt(2.0 * c.num_hidden_layers)
+INIT_STDS: dict[str, dict[str, Any]] = {
+    "bert": dict.fromkeys(("embedding", "in", "out", "transform", "classifier"),
+                          lambda c: c.initializer_range),
+    "modernbert": {"embedding": lambda c: c.initializer_range,
+                   "in": lambda c: c.initializer_range, "out": _DEPTH_SCALED,
+                   "transform": _DEPTH_SCALED, "classifier": lambda c: c.hidden_size ** -0.5},
+}
+INITIALIZERS = ("auto", *INIT_STDS)
+# The BertConfig fields that make an encoder HF's ModernBERT (the rest: sizes and options);
+# `initializer` "auto" and the fine-tuning heads (`tasks/finetuning.py`) follow them.
+MODERNBERT_ARCHITECTURE = {"position_embedding": "rotary", "mlp": "glu", "norm_placement": "pre",
+                           "type_vocab_size": 0}
+
+
+def is_modernbert(config: BertConfig) -> bool:
+  """Whether `config` is the architecture HF's ModernBERT computes."""
+  return all(getattr(config, k) == v for k, v in MODERNBERT_ARCHITECTURE.items())
+
+
+def init_std(config: BertConfig, kind: str) -> float:
+  """The σ of a weight of `kind` (a key of `INIT_STDS`' tables) under `config`'s scheme."""
+  return float(INIT_STDS[config.init_scheme][kind](config))
+
+
+def weight_init(config: BertConfig, axes: tuple[str | None, ...], kind: str = "in"):
+  """The truncated-normal initializer of a weight of `kind`, with its logical axes."""
+  return nn.with_logical_partitioning(nn.initializers.truncated_normal(
+      init_std(config, kind), lower=-INIT_CUTOFF, upper=INIT_CUTOFF), axes)
 
 
 def _zeros(axes: tuple[str | None, ...]):
@@ -325,10 +378,10 @@ class LayerNorm(nn.Module):
 
 
 def _dense(config: BertConfig, features: int, axes: tuple[str | None, str | None], name: str,
-           use_bias: bool = True):
+           use_bias: bool = True, kind: str = "in"):
   return nn.Dense(
       features, use_bias=use_bias, dtype=config.dtype, param_dtype=config.param_dtype,
-      kernel_init=_init(config, axes), bias_init=_zeros((axes[1],)), name=name)
+      kernel_init=weight_init(config, axes, kind), bias_init=_zeros((axes[1],)), name=name)
 
 
 # ----------------------------------------------------------------------- position encodings
@@ -346,8 +399,8 @@ class LearnedPositions(nn.Module):
     if x.shape[1] > c.max_position_embeddings:
       raise ValueError(f"Sequence length {x.shape[1]} exceeds max_position_embeddings="
                        f"{c.max_position_embeddings}")
-    table = self.param("embedding", _init(c, (None, EMBED)), (c.max_position_embeddings,
-                                                              c.hidden_size), c.param_dtype)
+    table = self.param("embedding", weight_init(c, (None, EMBED), "embedding"),
+                       (c.max_position_embeddings, c.hidden_size), c.param_dtype)
     return x + jnp.take(table, position_ids, axis=0).astype(c.dtype)
 
   @staticmethod
@@ -402,12 +455,13 @@ class Embeddings(nn.Module):
     c = self.config
     self.word_embeddings = nn.Embed(  # [V', H]
         c.padded_vocab_size, c.hidden_size, dtype=c.dtype, param_dtype=c.param_dtype,
-        embedding_init=_init(c, (VOCAB, EMBED)), name="word_embeddings")
+        embedding_init=weight_init(c, (VOCAB, EMBED), "embedding"), name="word_embeddings")
     self.positions = POSITION_BLOCKS[c.position_embedding](c, name="position_embeddings")
     if c.type_vocab_size:
       self.token_type_embeddings = nn.Embed(
           c.type_vocab_size, c.hidden_size, dtype=c.dtype, param_dtype=c.param_dtype,
-          embedding_init=_init(c, (None, EMBED)), name="token_type_embeddings")
+          embedding_init=weight_init(c, (None, EMBED), "embedding"),
+          name="token_type_embeddings")
     self.norm = LayerNorm(c, name="norm")
 
   def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
@@ -438,11 +492,13 @@ class _Einsum(nn.Module):
   bias_shape: tuple[int, ...]
   bias_axes: tuple[str | None, ...]
   equation: str
+  kind: str = "in"  # Of `INIT_STDS`.
 
   @nn.compact
   def __call__(self, x):
     c = self.config
-    kernel = self.param("kernel", _init(c, self.kernel_axes), self.kernel_shape, c.param_dtype)
+    kernel = self.param("kernel", weight_init(c, self.kernel_axes, self.kind), self.kernel_shape,
+                        c.param_dtype)
     y = jnp.einsum(self.equation, x.astype(c.dtype), kernel.astype(c.dtype))
     if not c.attention_bias:
       return y
@@ -532,7 +588,7 @@ class SelfAttention(nn.Module):
     context = _attend(c, impl, rate, segment_ids, mask, self.local)(
         query, key, value, dropout_key)  # [B, L, N, D]
     return _Einsum(c, (*heads, c.hidden_size), (HEADS, KV, EMBED), (c.hidden_size,), (EMBED,),
-                   "blnd,ndh->blh", name="output")(context)  # [B, L, H]
+                   "blnd,ndh->blh", "out", name="output")(context)  # [B, L, H]
 
 
 def resolve_attention_impl(config: BertConfig, device=None, length: int | None = None) -> str:
@@ -601,7 +657,7 @@ class DenseMLP(nn.Module):
     c = self.config
     h = _dense(c, c.intermediate_size, (EMBED, MLP), "intermediate", c.mlp_bias)(x)  # [B, L, F]
     h = nn.with_logical_constraint(ACTIVATIONS[c.hidden_act](h), (BATCH, LENGTH, MLP))
-    return _dense(c, c.hidden_size, (MLP, EMBED), "output", c.mlp_bias)(h)  # [B, L, H]
+    return _dense(c, c.hidden_size, (MLP, EMBED), "output", c.mlp_bias, "out")(h)  # [B, L, H]
 
 
 class GatedMLP(nn.Module):
@@ -617,7 +673,7 @@ class GatedMLP(nn.Module):
     up = lambda name: _dense(c, c.intermediate_size, (EMBED, MLP), name, c.mlp_bias)(x)
     h = ACTIVATIONS[c.hidden_act](up("wi_0")) * up("wi_1")  # [B, L, F]
     h = nn.with_logical_constraint(h, (BATCH, LENGTH, MLP))
-    return _dense(c, c.hidden_size, (MLP, EMBED), "wo", c.mlp_bias)(h)  # [B, L, H]
+    return _dense(c, c.hidden_size, (MLP, EMBED), "wo", c.mlp_bias, "out")(h)  # [B, L, H]
 
 
 # MLP block by name (config.model.mlp): a module (config, deterministic) called on x [B, L, H].
@@ -821,6 +877,25 @@ def pool(sequence, segment_ids, cls_positions, pooling: str):
   return means[:, 0] if cls_positions is None else means  # [B, H] or [B, K, H]
 
 
+def _transform(config: BertConfig, hidden, dense: str, norm: str):
+  """Dense (H -> H, bias as `classifier_bias`) + activation + LayerNorm, its params named
+  `dense` and `norm` in the calling module."""
+  h = _dense(config, config.hidden_size, (EMBED, None), dense, config.classifier_bias,
+             "transform")(hidden)
+  return LayerNorm(config, name=norm)(ACTIVATIONS[config.hidden_act](h))
+
+
+class PredictionHead(nn.Module):
+  """HF's `ModernBertPredictionHead` (dense + activation + norm, [..., H] -> [..., H]): what
+  ModernBERT's fine-tuning heads put on the pooled vector or on every token before their
+  classifier; the MLM head's transform is the same computation."""
+  config: BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    return _transform(self.config, x, "dense", "norm")
+
+
 class MaskedLMHead(nn.Module):
   """Dense + activation + LayerNorm, then the decoder tied to the word embeddings + own bias."""
   config: BertConfig
@@ -828,8 +903,7 @@ class MaskedLMHead(nn.Module):
   @nn.compact
   def __call__(self, hidden, bert: BertModel):
     c = self.config
-    h = _dense(c, c.hidden_size, (EMBED, None), "transform", c.classifier_bias)(hidden)
-    h = LayerNorm(c, name="transform_norm")(ACTIVATIONS[c.hidden_act](h))
+    h = _transform(c, hidden, "transform", "transform_norm")
     bias = self.param("bias", _zeros((VOCAB,)), (c.padded_vocab_size,), c.param_dtype)
     logits = bert.attend(h) + bias.astype(jnp.float32)  # [B, P, V'] f32
     return logits[..., :c.vocab_size]  # [B, P, V]: padded entries are never predicted.

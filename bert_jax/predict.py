@@ -180,15 +180,28 @@ def predict(finetuned: Finetuned | str, records: Sequence[finetune_data.Record |
   {"label", "probabilities"} / {"score"} (regression) / {"words", "tags"} / {"answer", "start",
   "end", "score"} (character offsets into text_b; a passage longer than one row is read in
   windows of the checkpoint's doc_stride, merged into one answer)."""
+  _check_request(records, batch_size)
+  if isinstance(finetuned, str):
+    finetuned = load_finetuned(finetuned)
+  data, outputs_ = outputs(finetuned, records, batch_size)
+  return finetuned.task.predictions(outputs_, data)
+
+
+def _check_request(records: Sequence, batch_size: int) -> None:
   if isinstance(batch_size, bool) or not isinstance(batch_size, int) or batch_size < 1:
     raise ValueError(f"batch_size={batch_size!r}: it must be an integer >= 1")
   if not records:
     raise ValueError("No input records to predict")
-  if isinstance(finetuned, str):
-    finetuned = load_finetuned(finetuned)
-  records = _as_records(records)
-  data = finetuned.task.encode(records, finetuned.vocab, with_labels=False)
-  return finetuned.task.predictions(_outputs(finetuned, data, batch_size), data)
+
+
+def outputs(finetuned: Finetuned, records: Sequence[finetune_data.Record | dict],
+            batch_size: int = 32) -> tuple[finetune_data.TaskData, dict[str, np.ndarray]]:
+  """(the encoded records, the model's per-row outputs on them: {"logits"} or QA's
+  {"start_logits", "end_logits"}, one row per record, QA per window): what `predict` decodes,
+  and what an HF export (`hf_export`) computes."""
+  _check_request(records, batch_size)
+  data = finetuned.task.encode(_as_records(records), finetuned.vocab, with_labels=False)
+  return data, _outputs(finetuned, data, batch_size)
 
 
 def _as_records(records: Sequence[finetune_data.Record | dict]) -> list[finetune_data.Record]:

@@ -35,6 +35,11 @@ def check_resumable(checkpointer: checkpointing.Checkpointer, task: Task, meta: 
                                  checkpointer.directory)
   checkpointing.check_same_vocab(saved.get("vocab_fingerprint"), meta.get("vocab_fingerprint"),
                                  where, allow_vocab_change)
+  saved_head = saved["task"].get("head", "bert")  # Checkpoints before ModernBERT's heads: BERT's.
+  head = task.meta().get("head", saved_head)
+  if head != saved_head:
+    raise ValueError(f"{where} was trained with {saved_head}'s task head, this run builds "
+                     f"{head}'s: set --config.head.kind={saved_head} to resume it")
   saved_labels = saved["task"].get("labels")
   labels = task.meta().get("labels")
   if saved_labels is not None and list(saved_labels) != list(labels or ()):

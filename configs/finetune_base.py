@@ -33,8 +33,16 @@ def get_config() -> ml_collections.ConfigDict:
   # vocab_pad_multiple; `BertConfig` marks each field's role).
   config.model = pretraining.model
   config.model.vocab_size = 0  # 0 = the vocabulary's size.
+  # "auto": the pretrained encoder's own (a ModernBERT fine-tune's "mean" stays; from scratch
+  # "cls"); "cls" or "mean" override it.
+  config.model.classifier_pooling = "auto"
   config.head = ml_collections.ConfigDict()
-  config.head.dropout_prob = 0.1  # Dropout before the classifier (classification, tagging).
+  # HF's head of the encoder's family ("auto"), or of one: "bert" (BertFor*: the tanh pooler on
+  # [CLS] for classification, dropout, the classifier) or "modernbert" (ModernBertFor*: dense +
+  # activation + norm on the pooled vector or each token, dropout, the classifier).
+  config.head.kind = "auto"
+  config.head.dropout_prob = 0.1  # BERT's head: dropout before the classifier (not QA's).
+  config.head.classifier_dropout = 0.0  # ModernBERT's head: the same (HF's classifier_dropout).
 
   # ---------------------------------------------------------------- data
   config.data = ml_collections.ConfigDict()

@@ -1,8 +1,9 @@
 """The modern encoder, base size (ModernBERT-base's architecture and recipe): 22 layers, width
 768, 12 heads, GeGLU MLP (1152 per half), rotary positions (θ 160k global / 10k local), pre-LN
 with no biases but the decoder's, local attention in a 128-token window with a global layer
-every third; MLM only on FULL-SENTENCES rows of 1024 tokens, 30% masked in training (15% at
-evaluation), StableAdamW at 8e-4 (β2 0.98) with a warmup-stable-decay schedule.
+every third; HF ModernBERT's initialisation; MLM only on FULL-SENTENCES rows of 1024 tokens,
+30% masked in training (15% at evaluation), StableAdamW at 8e-4 (β2 0.98) without gradient
+clipping, with a warmup-stable-decay schedule.
 
 Everything not set here comes from configs/base.py (exact BERT stays that file's default).
 
@@ -50,6 +51,7 @@ def get_config() -> ml_collections.ConfigDict:
   m.global_attn_every_n_layers = 3
   m.hidden_dropout_prob = 0.0  # ModernBERT pretrains without dropout.
   m.attention_probs_dropout_prob = 0.0
+  m.initializer = "modernbert"  # HF ModernBERT's σ per parameter kind (model.INIT_STDS).
   config.data.objective = "mlm"  # FULL-SENTENCES rows, no NSP.
   config.data.max_seq_length = 1024
   config.masking.mask_prob = 0.3
@@ -66,4 +68,5 @@ def get_config() -> ml_collections.ConfigDict:
   config.train.warmup_steps = 640  # ~3B tokens.
   config.train.decay_fraction = 0.1
   config.train.decay_shape = "1-sqrt"
+  config.train.max_grad_norm = 0.0  # No gradient clipping: StableAdamW clips each update.
   return config

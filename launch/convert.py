@@ -5,14 +5,19 @@ r"""Converts pretrained BERTs between HuggingFace, TensorFlow (google-research/b
   # google-research/bert TF checkpoint (bert_config.json and vocab.txt beside it)
   python launch/convert.py --from_tf=uncased_L-12_H-768_A-12/bert_model.ckpt \
       --output_dir=pretrained/base
-  # bert_jax pretrained directory or training/fine-tuning workdir -> HuggingFace directory
-  # (a fine-tuned run exports its encoder; the task head is left out)
+  # bert_jax pretrained directory or training workdir -> HuggingFace directory
   python launch/convert.py --from_bert_jax=runs/tiny --to_hf=export/tiny
+  # fine-tuning workdir -> HF's task model (BertForSequenceClassification, ...) with its labels;
+  # --encoder_only: the encoder alone, the task head left out
+  python launch/convert.py --from_bert_jax=runs/sst --to_hf=export/sst
 
 HuggingFace means BERT (model_type "bert") or ModernBERT (model_type "modernbert": bert_jax's
 modern encoder, rotary / GeGLU / pre-LN / local attention), both ways; --to_hf picks the one
 that computes the model, and writes the tokenizer (tokenizer.json and its config: AutoTokenizer
-gives bert_jax's ids, sentencepiece vocabularies included). A ModernBERT config bert_jax cannot
+gives bert_jax's ids, sentencepiece vocabularies included). A fine-tuned run exports as HF's
+task model of its task and family (`bert_jax/hf_export.py`: AutoModelForSequenceClassification,
+...ForTokenClassification, ...ForQuestionAnswering load it, id2label / label2id in config.json);
+--from_hf of such a task model converts its encoder. A ModernBERT config bert_jax cannot
 represent is refused naming the field.
 
 The output of --from_hf/--from_tf is what `bert_jax.load_pretrained` (and so fine-tuning and
@@ -41,8 +46,10 @@ flags.DEFINE_string("from_tf", None, "google-research/bert checkpoint prefix "
 flags.DEFINE_string("output_dir", None, "bert_jax pretrained directory to write "
                     "(with --from_hf/--from_tf).")
 flags.DEFINE_string("from_bert_jax", None, "bert_jax pretrained directory, or training or "
-                    "fine-tuning workdir (its encoder and pretraining heads), to export (with "
-                    "--to_hf).")
+                    "fine-tuning workdir, to export (with --to_hf): its encoder and pretraining "
+                    "heads, or a fine-tuned run's task model.")
+flags.DEFINE_bool("encoder_only", False, "With --from_bert_jax of a fine-tuning workdir: export "
+                  "its encoder alone (the task head left out), not the task model.")
 flags.DEFINE_string("to_hf", None, "HuggingFace directory to write (with --from_bert_jax): "
                     "BERT, or ModernBERT for the modern encoder.")
 flags.DEFINE_string("bert_config", None, "bert_config.json for --from_tf (default: beside the "
@@ -74,6 +81,8 @@ def _check_flags(flag_values) -> str:
     return mode
   if not flag_values.output_dir or flag_values.to_hf:
     raise app.UsageError(f"--{mode} needs --output_dir=OUTPUT_DIR (and no --to_hf)")
+  if flag_values.encoder_only:
+    raise app.UsageError("--encoder_only is for --from_bert_jax (a fine-tuning workdir)")
   if mode == "from_hf" and (flag_values.bert_config or flag_values.vocab):
     raise app.UsageError("--bert_config and --vocab are for --from_tf (a HuggingFace directory "
                          "holds its own config.json and vocabulary)")
@@ -114,6 +123,12 @@ def _convert(flag_values) -> str:
   files.check_apart(output, _inputs(flag_values, mode), output_flag)
   lowercase = {"auto": None, "true": True, "false": False}[flag_values.lowercase]
   if mode == "from_bert_jax":
+    from bert_jax import hf_export  # pylint: disable=g-import-not-at-top
+
+    if not flag_values.encoder_only and hf_export.is_finetuned(flag_values.from_bert_jax):
+      architecture = hf_export.export(flag_values.from_bert_jax, flag_values.to_hf,
+                                      flag_values.overwrite)
+      return f"Wrote {architecture} to {flag_values.to_hf}"
     config, params, vocab = weights.load_pretrained(flag_values.from_bert_jax)
     architecture = weights.save_hf(flag_values.to_hf, params, config, vocab,
                                    overwrite=flag_values.overwrite)

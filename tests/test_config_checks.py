@@ -120,6 +120,7 @@ _SHARED_BAD = [
     ("model.local_rope_theta", -1.0), ("model.local_attention", 7),
     ("model.local_attention", -2), ("model.global_attn_every_n_layers", 0),
     ("model.classifier_pooling", "max"), ("model.type_vocab_size", -1),
+    ("model.initializer", "xavier"),
     ("model.splash_block_q", 100), ("model.splash_block_kv", -128),
     ("train.decay_fraction", 1.5), ("train.decay_shape", "cosine"),
     ("train.batch_size", True), ("train.batch_size", 0),
@@ -150,12 +151,14 @@ PRETRAINING_BAD = _SHARED_BAD + [
     ("masking.whole_word_masking", None), ("masking.eval_mask_prob", 1.5),
     ("train.num_train_steps", 0),
     ("data.span_warmup_steps", -1), ("data.span_warmup_start", 0),
+    ("model.classifier_pooling", "auto"),  # Fine-tuning's only: "the checkpoint's".
     ("train.eval_max_batches", -1),
     ("init_from", None),
 ]
 FINETUNING_BAD = _SHARED_BAD + [
     ("task", "ner"), ("init_from", None), ("vocab", None), ("model.vocab_size", -1),
-    ("head.dropout_prob", 1.5), ("data.train_file", None), ("data.validation_file", None),
+    ("head.dropout_prob", 1.5), ("head.kind", "roberta"), ("head.classifier_dropout", -0.1),
+    ("data.train_file", None), ("data.validation_file", None),
     ("data.format", "tsv"), ("data.tfds_name", None), ("data.tfds_train_split", ""),
     ("data.tfds_validation_split", ""), ("data.tfds_data_dir", None),
     ("data.labels", ("a", "b", "a")), ("data.labels", ("1", 1)), ("data.labels", (None,)),

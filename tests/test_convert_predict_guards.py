@@ -210,6 +210,8 @@ def test_convert_refuses_an_output_that_is_holds_or_lies_in_an_input(tmp_path):
       "no_mode": ["convert.py", f"--output_dir={tmp_path / 'out'}"],
       "positional": ["convert.py", f"--from_hf={hf}", f"--output_dir={tmp_path / 'out'}",
                      "extra"],
+      "encoder_only": ["convert.py", f"--from_hf={hf}", f"--output_dir={tmp_path / 'out'}",
+                       "--encoder_only"],
   })
   expected = {
       "hf_is": f"{hf} is the --from_hf directory {hf}",
@@ -220,10 +222,11 @@ def test_convert_refuses_an_output_that_is_holds_or_lies_in_an_input(tmp_path):
   }
   for name, text in expected.items():
     assert text in _error_line(results[name], 1), name
-  for name in ("no_mode", "positional"):  # Usage errors: one line, no usage page.
+  for name in ("no_mode", "positional", "encoder_only"):  # Usage errors: one line, no usage.
     assert _error_line(results[name], 2) == results[name].stderr.strip(), name
   assert "Give exactly one of --from_hf" in results["no_mode"].stderr
   assert "unexpected arguments: ['extra']" in results["positional"].stderr
+  assert "--encoder_only is for --from_bert_jax" in results["encoder_only"].stderr
   for path, files_before in before.items():
     assert _snapshot(path) == files_before, path  # The inputs are intact.
   assert not (tmp_path / "out").exists()

@@ -857,7 +857,7 @@ def test_finetuning_gradient_accumulation_equals_the_full_batch(tmp_path):
                jax.device_get(full["state"].params))
 
 
-def test_finetuning_refuses_other_labels_and_stops_on_a_read_only_best_export(tmp_path):
+def test_finetuning_refuses_other_labels_or_head_and_stops_on_a_read_only_best_export(tmp_path):
   config = _keyword_config(tmp_path, steps=4)
   workdir = str(tmp_path / "run")
   finetune.finetune_and_evaluate(config, workdir)
@@ -866,6 +866,10 @@ def test_finetuning_refuses_other_labels_and_stops_on_a_read_only_best_export(tm
   config.data.labels = tuple(reversed(labels))  # Same count, other order: other classifier rows.
   with pytest.raises(ValueError, match=r"was trained with the labels \['neg', 'pos'\], this run "
                      r"has \['pos', 'neg'\]"):
+    finetune.finetune_and_evaluate(config, workdir)
+  config.data.labels, config.head.kind = tuple(labels), "modernbert"  # Other head params.
+  with pytest.raises(ValueError, match=r"was trained with bert's task head, this run builds "
+                     r"modernbert's: set --config.head.kind=bert to resume it"):
     finetune.finetune_and_evaluate(config, workdir)
 
   from tests.test_train_e2e import _bind_read_only  # pylint: disable=import-outside-toplevel
@@ -902,14 +906,14 @@ def test_finetuning_refuses_other_labels_and_stops_on_a_read_only_best_export(tm
 
 def test_a_pretrained_encoder_takes_the_run_fields_of_config_model(tmp_path):
   """The checkpoint fixes shape and architecture; every run field (dtypes, dropout, kernels,
-  remat, padding, pooling) comes from this run's config.model."""
+  remat, padding, pooling when set, init scheme) comes from this run's config.model."""
   from tests.test_convert_predict_guards import TINY, _hf_dir  # pylint: disable=import-outside-toplevel
   config = finetune_classification.get_config()
   config.init_from = _hf_dir(tmp_path)
   run_fields = {"dtype": "bfloat16", "hidden_dropout_prob": 0.0,
                 "attention_probs_dropout_prob": 0.3, "attention_impl": "einsum", "remat": "full",
                 "vocab_pad_multiple": 8, "dropout_rng": "threefry", "classifier_pooling": "mean",
-                "splash_block_q": 256, "splash_block_kv": 128}
+                "splash_block_q": 256, "splash_block_kv": 128, "initializer": "modernbert"}
   config.model.update(**run_fields, hidden_size=999, num_hidden_layers=7)  # Shape: ignored.
   assert set(run_fields) | {"param_dtype", "initializer_range"} == set(
       BertConfig.fields_of(model_lib.RUN))

@@ -19,20 +19,24 @@ import shutil
 import subprocess
 import sys
 
+import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 import safetensors.numpy
 import torch
 import transformers
 
-from bert_jax import finetune, model as model_lib, predict, weights
+from bert_jax import finetune, hf_export, model as model_lib, predict, programs, steps, weights
+from bert_jax.tasks import classification
 from bert_jax.data.encoding import encode_pair
 from bert_jax.data.vocab import Vocab, train_sentencepiece
 from bert_jax.model import BertConfig, BertForPreTraining, param_shapes
-from bert_jax.weights import hf, hf_modernbert, hf_tokenizer, params as params_lib
+from bert_jax.weights import hf, hf_heads, hf_modernbert, hf_tokenizer, params as params_lib
 from configs import finetune_classification, finetune_qa, finetune_tagging
-from tests import test_finetune as ft
+from tests import test_finetune as ft, test_hf_heads as heads_test
 from tests.suite_flags import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -437,23 +441,31 @@ def test_fill_mask_launcher_from_a_modern_encoder(modern_hf_dir):
   assert len(lines) == 6 and not any("[" in line for line in lines[1:3] + lines[4:])
 
 
-_TASKS = {
-    "classification-cls": (finetune_classification, ft._keyword_rows, "cls"),
-    "classification-mean": (finetune_classification, ft._keyword_rows, "mean"),
-    "tagging": (finetune_tagging, ft._tagging_rows, "cls"),
-    "qa": (finetune_qa, lambda n, rng: ft._qa_rows(n, rng, max_filler=14), "cls"),
+_TASKS = {  # name -> (config, records, pooling, config.data overrides, HF's class)
+    "classification-cls": (finetune_classification, ft._keyword_rows, "cls", {},
+                           "ModernBertForSequenceClassification"),
+    "classification-mean": (finetune_classification, ft._keyword_rows, "mean", {},
+                            "ModernBertForSequenceClassification"),
+    "regression": (finetune_classification, heads_test.BERT_TASKS["regression"][1], "mean",
+                   {"regression": True}, "ModernBertForSequenceClassification"),
+    "tagging": (finetune_tagging, ft._tagging_rows, "cls", {}, "ModernBertForTokenClassification"),
+    "qa": (finetune_qa, lambda n, rng: ft._qa_rows(n, rng, max_filler=14), "cls", {},
+           "ModernBertForQuestionAnswering"),
 }
 
 
 @pytest.mark.parametrize("name", list(_TASKS))
-def test_each_task_fine_tunes_and_predicts_from_a_modern_encoder(modern_hf_dir, tmp_path,
-                                                                  name):
-  module, rows, pooling = _TASKS[name]
+def test_each_task_fine_tunes_predicts_and_exports_from_a_modern_encoder(modern_hf_dir,
+                                                                         tmp_path, name):
+  """Fine-tuning with ModernBERT's heads, prediction, and the export as HF's ModernBertFor*
+  task model: AutoModelFor... loads it with logits equal to bert_jax's and the label names."""
+  module, rows, pooling, data, architecture = _TASKS[name]
   config = ft.finetune_config(module, tmp_path, rows, 2, init_from=modern_hf_dir,
                               model={"classifier_pooling": pooling, "remat": "none",
                                      "hidden_dropout_prob": 0.0,
                                      "attention_probs_dropout_prob": 0.0},
                               seq_len=32, n_train=16, n_validation=8)
+  config.data.update(data)
   config.train.update(batch_size=8, eval_batch_size=8, eval_every_steps=2, log_every_steps=2)
   result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
   assert result["final"] and all(np.isfinite(v) for v in result["final"].values()
@@ -462,7 +474,187 @@ def test_each_task_fine_tunes_and_predicts_from_a_modern_encoder(modern_hf_dir, 
   assert finetuned.meta["init_from"] == modern_hf_dir
   assert finetuned.task.model_config.classifier_pooling == pooling
   assert finetuned.task.model_config.local_attention == 8
-  (record,) = rows(1, random.Random(5))
-  (prediction,) = predict.predict(finetuned, [{k: v for k, v in record.items()
-                                               if k in ("text", "text_b")}], batch_size=8)
-  assert set(prediction) & {"label", "tags", "answer"}, prediction
+  assert finetuned.task.settings.head == "modernbert"
+  assert finetuned.task.settings.head_dropout_prob == 0.0  # HF's classifier_dropout.
+  records = [{k: v for k, v in record.items() if k in ("text", "text_b")}
+             for record in rows(6, random.Random(5))]
+  (prediction, *_) = predict.predict(finetuned, records, batch_size=8)
+  assert set(prediction) & {"label", "tags", "answer", "score"}, prediction
+  exported = str(tmp_path / "hf")
+  assert hf_export.export(str(tmp_path / "run"), exported) == architecture
+  error = heads_test.check_export(str(tmp_path / "run"), exported, records)
+  print(f"\n{name}: max abs logit error of the export {error:.1e}")
+  assert error <= heads_test.TOLERANCE
+
+
+# ------------------------------------------------- HF's initialisation and fine-tuning heads
+
+# HF parameter name -> the bert_jax path of the same kind of weight, for the init statistics.
+_INIT_KINDS = {
+    "model.embeddings.tok_embeddings.weight": ("bert", "embeddings", "word_embeddings",
+                                               "embedding"),
+    "model.layers.1.attn.Wqkv.weight": ("bert", "encoder", "layers", "attention", "query",
+                                        "kernel"),
+    "model.layers.1.attn.Wo.weight": ("bert", "encoder", "layers", "attention", "output",
+                                      "kernel"),
+    "model.layers.1.mlp.Wi.weight": ("bert", "encoder", "layers", "mlp", "wi_0", "kernel"),
+    "model.layers.1.mlp.Wo.weight": ("bert", "encoder", "layers", "mlp", "wo", "kernel"),
+    "head.dense.weight": ("mlm", "transform", "kernel"),
+    "decoder.bias": ("mlm", "bias"),
+}
+_TASK_KINDS = {"head.dense.weight": ("head", "dense", "kernel"),
+               "classifier.weight": ("classifier", "kernel"),
+               "classifier.bias": ("classifier", "bias")}
+
+
+def _stats(array) -> tuple[float, float]:
+  array = np.asarray(array, np.float64)
+  return float(array.std()), float(np.abs(array).max())
+
+
+def test_init_matches_hf_modernbert_per_parameter_kind():
+  """The σ and the cut of every weight kind of HF's ModernBertForMaskedLM and
+  ModernBertForSequenceClassification built from a config (4 layers, width 256: 0.02 in,
+  0.00707 = 0.02 / sqrt(8) out, 0.0625 = 256^-0.5 for the classifier, cut at 2 σ) against
+  bert_jax's init of the same model; exact BERT keeps 0.02 everywhere."""
+  sizes = dict(HF_SIZES, vocab_size=2048, hidden_size=256, intermediate_size=384,
+               num_hidden_layers=4, layer_types=None, global_attn_every_n_layers=3,
+               num_labels=64)
+  hf_config = transformers.ModernBertConfig(**sizes)
+  torch.manual_seed(0)
+  theirs = dict(transformers.ModernBertForMaskedLM(hf_config).named_parameters())
+  theirs_task = dict(transformers.ModernBertForSequenceClassification(
+      hf_config).named_parameters())
+  config = hf_modernbert.config_from_hf(hf_config.to_dict())
+  assert config.init_scheme == "modernbert" and config.initializer == "auto"
+  ids = np.zeros((1, 8), np.int32)
+  ours = _init_params(BertForPreTraining(config), ids, ids, ids, ids)
+  task = classification.ClassificationTask(config, classification.ClassificationSettings(
+      labels=tuple(map(str, range(64))), max_seq_length=8, head_dropout_prob=0.0,
+      freeze_encoder=False, regression=False, head="modernbert"))
+  ours_task = _init_params(task.model, *task.example_inputs())
+  rows = [(name, theirs[name], ours[path]) for name, path in _INIT_KINDS.items()]
+  rows += [(name, theirs_task[name], ours_task[path]) for name, path in _TASK_KINDS.items()]
+  for name, their, our in rows:
+    (their_std, their_max), (our_std, our_max) = _stats(their.detach()), _stats(our)
+    print(f"{name:40s} HF std {their_std:.5f} max {their_max:.5f}   "
+          f"bert_jax std {our_std:.5f} max {our_max:.5f}")
+    if their_std == 0.0:  # Biases: zeros in both.
+      assert our_std == 0.0 and our_max == 0.0, name
+      continue
+    tolerance = 0.05 if "classifier" in name else 0.02  # 16k samples vs >= 65k.
+    assert abs(our_std / their_std - 1.0) < tolerance, name
+    assert our_max <= their_max * 1.001 and our_max > 0.95 * their_max, name  # The 2 σ cut.
+  bert = BertConfig(num_hidden_layers=4, hidden_size=256, num_attention_heads=4)
+  assert {kind: model_lib.init_std(bert, kind) for kind in model_lib.INIT_STDS["bert"]} == \
+      dict.fromkeys(model_lib.INIT_STDS["bert"], 0.02)
+  assert model_lib.init_std(config, "out") == pytest.approx(0.02 / 8 ** 0.5)
+  assert model_lib.init_std(config, "classifier") == pytest.approx(0.0625)
+
+
+
+def _init_params(module: nn.Module, *inputs) -> dict:
+  """Flat float64 params of a fresh init (key 0), compiled (op by op it takes minutes)."""
+  params = nn.meta.unbox(jax.jit(module.init)(jax.random.key(0), *inputs)["params"])
+  return params_lib.flatten(jax.tree.map(lambda x: np.asarray(x, np.float64), params))
+
+
+def _hf_classifier(pooling: str, num_labels: int = 3, seed: int = 0):
+  """A ModernBertForSequenceClassification built from a config: HF's init, matrices x2 and norms
+  perturbed (attention far from uniform, every norm compared), dropout 0 everywhere."""
+  config = transformers.ModernBertConfig(**HF_SIZES, num_labels=num_labels,
+                                         classifier_pooling=pooling, attn_implementation="sdpa")
+  torch.manual_seed(seed)
+  model = transformers.ModernBertForSequenceClassification(config)
+  with torch.no_grad():
+    for name, param in model.named_parameters():
+      if param.ndim == 2 and "embeddings" not in name:
+        param.mul_(2.0)
+      elif param.ndim == 1:
+        param.add_(0.2 * torch.randn_like(param))
+  return model
+
+
+def _from_hf_task_model(model) -> tuple[BertConfig, dict, params_lib.TaskHead]:
+  """(config, params with the task head, the head) of a HF ModernBERT task model, as
+  `weights.load_with_head` reads its directory."""
+  hf_config = {**model.config.to_dict(), "architectures": [type(model).__name__]}
+  config = hf_modernbert.config_from_hf(hf_config)
+  encoder, head = hf_heads.split_state(model.state_dict(), hf_config, "modernbert", "test")
+  return config, {**hf_modernbert.params_from_hf(encoder, config), **head.params}, head
+
+
+def _grads_as_hf(grads: dict, config: BertConfig) -> dict[str, np.ndarray]:
+  """A gradient tree of the classification model under HF's parameter names."""
+  zeros = {path: np.zeros(shape, np.float32) for path, shape in param_shapes(config).items()}
+  encoder = params_lib.fill_missing_heads({"bert": grads["bert"]}, params_lib.unflatten(zeros))
+  state = {k: v for k, v in hf_modernbert.params_to_hf(encoder, config).items()
+           if k.startswith("model.")}
+  return {**state, **hf_heads.state_from_params(
+      {k: v for k, v in grads.items() if k != "bert"})}
+
+
+@pytest.mark.parametrize("pooling", ["cls", "mean"])
+def test_first_fine_tuning_step_equals_hf_modernbert_for_sequence_classification(pooling):
+  """bert_jax's train step (SGD at lr 1: the update is the gradient) against
+  ModernBertForSequenceClassification's loss.backward() from the same weights, dropout 0, on
+  a padded batch (mean pooling over the attention mask): the same loss to 1e-5, and the same
+  gradient of every parameter to 1e-5 (relative where that parameter's largest gradient is
+  above 1: float32 sums over 240 tokens)."""
+  model = _hf_classifier(pooling)
+  config, params, _ = _from_hf_task_model(model)
+  assert config.classifier_pooling == pooling
+  task = classification.ClassificationTask(config, classification.ClassificationSettings(
+      labels=("a", "b", "c"), max_seq_length=40, head_dropout_prob=0.0, freeze_encoder=False,
+      regression=False, head="modernbert"))
+  ids, mask = _padded_batch(config.vocab_size)
+  ids, mask = np.concatenate([ids, ids[::-1]]), np.concatenate([mask, mask[::-1]])  # [6, 40]
+  labels = np.array([0, 1, 2, 2, 0, 1])
+  batch = {"input_ids": ids.astype(np.int32), "token_type_ids": np.zeros_like(ids, np.int32),
+           "attention_mask": mask.astype(np.int32), "labels": labels.astype(np.int32)}
+  optimizer = optax.sgd(1.0)
+  state = steps.TrainState(step=jnp.zeros((), jnp.int32), params=params,
+                           opt_state=optimizer.init(params))
+  step = jax.jit(functools.partial(steps.train_step, task=task, optimizer=optimizer,
+                                   schedule=lambda _: 1.0))
+  new_state, metrics = step(state, batch, jax.random.key(0))
+  grads = _grads_as_hf(jax.tree.map(lambda a, b: np.asarray(a) - np.asarray(b), params,
+                                    jax.device_get(new_state.params)), config)
+
+  model.train()
+  output = model(input_ids=torch.tensor(ids), attention_mask=torch.tensor(mask),
+                 labels=torch.tensor(labels))
+  output.loss.backward()
+  theirs = {name: p.grad.numpy() for name, p in model.named_parameters()}
+  assert float(metrics["loss"]) == pytest.approx(float(output.loss.detach()), abs=1e-5)
+  assert set(grads) == set(theirs)
+  errors = {name: float(np.abs(grads[name] - theirs[name]).max()
+                        / max(1.0, np.abs(theirs[name]).max())) for name in theirs}
+  worst = max(errors, key=errors.get)
+  print(f"\n{pooling}: loss {float(output.loss.detach()):.6f}, worst gradient error "
+        f"{errors[worst]:.1e} ({worst}; gradients up to {max(np.abs(g).max() for g in theirs.values()):.2f})")
+  assert errors[worst] <= 1e-5
+
+
+def test_classifier_pooling_follows_the_checkpoint_unless_the_config_sets_it(modern_hf_dir,
+                                                                            tmp_path):
+  """A ModernBERT fine-tune's classifier_pooling "mean" stays "mean" under the fine-tuning
+  config's default ("auto": the checkpoint's); "cls" set explicitly wins; from scratch "auto"
+  is "cls"."""
+  mean_dir = str(tmp_path / "mean")
+  shutil.copytree(modern_hf_dir, mean_dir)
+  with open(os.path.join(mean_dir, "config.json")) as f:
+    hf_config = json.load(f)
+  with open(os.path.join(mean_dir, "config.json"), "w") as f:
+    json.dump({**hf_config, "classifier_pooling": "mean"}, f)
+  config = finetune_classification.get_config()
+  assert config.model.classifier_pooling == finetune.POOLING_OF_CHECKPOINT == "auto"
+  config.init_from = mean_dir
+  assert finetune.load_encoder(config).config.classifier_pooling == "mean"
+  config.model.classifier_pooling = "cls"
+  assert finetune.load_encoder(config).config.classifier_pooling == "cls"
+  config.init_from, config.model.classifier_pooling = modern_hf_dir, "mean"
+  assert finetune.load_encoder(config).config.classifier_pooling == "mean"
+  scratch = finetune_classification.get_config()
+  scratch.vocab = os.path.join(modern_hf_dir, "vocab.txt")
+  assert finetune.load_encoder(scratch).config.classifier_pooling == "cls"

@@ -115,7 +115,8 @@ def _task(local_task, records):
   config.data.max_seq_length = local_task.max_seq_length
   task_class = tasks.finetune_task(local_task.task)
   labels = task_class.labels_from(records, config)
-  return task_class(BertConfig(), task_class.settings_class.from_config(config, labels))
+  return task_class(BertConfig(), task_class.settings_class.from_config(config, labels,
+                                                                         BertConfig()))
 
 
 def test_files_encode_with_the_real_tasks_and_score_on_the_metric(suite, vocab):

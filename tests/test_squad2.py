@@ -16,6 +16,7 @@ import pytest
 from bert_jax import finetune
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.vocab import Vocab
+from bert_jax.model import BertConfig
 from bert_jax.tasks import qa
 from configs import finetune_qa
 from tests.test_finetune import QA_CONTEXT, _qa_rows, _task, _task_vocab, finetune_config
@@ -638,7 +639,7 @@ def test_is_impossible_field_is_checked(vocab):
 def test_settings_read_the_config_and_old_checkpoints():
   config = finetune_qa.get_config()
   config.data.update(version_2_with_negative=True, null_score_diff_threshold=-1.5)
-  settings = qa.QASettings.from_config(config, [])
+  settings = qa.QASettings.from_config(config, [], BertConfig())
   assert settings.version_2_with_negative is True and settings.null_score_diff_threshold == -1.5
   meta = dataclasses.asdict(settings)
   assert qa.QASettings.from_meta(meta) == settings

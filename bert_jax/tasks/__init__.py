@@ -6,7 +6,7 @@ branches on a task's name. A task defined elsewhere (a user's module, a test) jo
 
 from bert_jax.tasks.base import Scores, Task
 from bert_jax.tasks.classification import ClassificationTask
-from bert_jax.tasks.finetuning import ENCODER, FinetuneSettings, FinetuneTask
+from bert_jax.tasks.finetuning import ENCODER, HEAD_KINDS, FinetuneSettings, FinetuneTask
 from bert_jax.tasks.pretraining import PretrainingTask
 from bert_jax.tasks.qa import QATask
 from bert_jax.tasks.tagging import TaggingTask
@@ -37,6 +37,6 @@ def predict_modes() -> dict[str, type[FinetuneTask]]:
   return {task.predict_mode: task for task in FINETUNE_TASKS.values()}
 
 
-__all__ = ["ENCODER", "FINETUNE_TASKS", "ClassificationTask", "FinetuneSettings",
+__all__ = ["ENCODER", "FINETUNE_TASKS", "HEAD_KINDS", "ClassificationTask", "FinetuneSettings",
            "FinetuneTask", "PretrainingTask", "QATask", "Scores", "TaggingTask", "Task",
            "finetune_task", "predict_modes", "register"]

@@ -1,4 +1,6 @@
-"""Sequence classification (and regression) on the pooled [CLS] vector, as BERT's GLUE setup.
+"""Sequence classification (and regression) on the pooled vector, as BERT's GLUE setup (HF's
+BertForSequenceClassification: the tanh pooler on [CLS]) or HF's
+ModernBertForSequenceClassification (its prediction head on the [CLS] or mean vector).
 
 Records: `text`, optional `text_b`, `label` (a string or int label; a number for regression).
 Scores: accuracy and F1 (binary F1 of the second label for two classes, macro F1 otherwise);
@@ -17,23 +19,25 @@ from bert_jax.data import finetune as finetune_data
 from bert_jax.data.encoding import encode_pair
 from bert_jax.data.finetune import Record, TaskData
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig, BertModel
-from bert_jax.tasks.finetuning import (FinetuneSettings, FinetuneTask, f1_from_counts,
-                                       head_dense, nll)
+from bert_jax.model import BertConfig
+from bert_jax.tasks.finetuning import (CLASSIFIER, FinetuneSettings, FinetuneTask, f1_from_counts,
+                                       head_dense, head_features, nll)
 
 
 class BertForSequenceClassification(nn.Module):
-  """[CLS] A [SEP] (B [SEP]) -> logits [B, C] f32 (C = 1: a regression score)."""
+  """[CLS] A [SEP] (B [SEP]) -> logits [B, C] f32 (C = 1: a regression score); `head` "bert" or
+  "modernbert" (`finetuning.head_features`)."""
   config: BertConfig
   num_labels: int
   dropout_prob: float = 0.1
+  head: str = "bert"
 
   @nn.compact
   def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
-    _, pooled = BertModel(self.config, add_pooling_layer=True, name="bert")(
-        input_ids, token_type_ids, attention_mask, deterministic)  # [B, H]
+    pooled = head_features(self.config, self.head, input_ids, token_type_ids, attention_mask,
+                           deterministic, pooled=True)  # [B, H]
     pooled = nn.Dropout(self.dropout_prob)(pooled, deterministic=deterministic)
-    return head_dense(self.config, self.num_labels, "classifier")(pooled).astype(jnp.float32)
+    return head_dense(self.config, self.num_labels, CLASSIFIER)(pooled).astype(jnp.float32)
 
 
 def classification_scores(predicted: Sequence[int], gold: Sequence[int],
@@ -77,11 +81,12 @@ class ClassificationTask(FinetuneTask):
   settings_class = ClassificationSettings
   predict_mode = "classify"
   target_signature = {"labels": ((), jnp.int32)}
+  hf_task = "ForSequenceClassification"
 
   @property
   def model(self) -> BertForSequenceClassification:
     return BertForSequenceClassification(self.model_config, self.num_outputs,
-                                         self.settings.head_dropout_prob)
+                                         self.settings.head_dropout_prob, self.settings.head)
 
   def batch_signature(self) -> dict[str, tuple[tuple[int, ...], Any]]:
     signature = super().batch_signature()
@@ -91,6 +96,9 @@ class ClassificationTask(FinetuneTask):
 
   def describe_labels(self) -> str | None:
     return None if self.settings.regression else super().describe_labels()
+
+  def hf_problem_type(self) -> str:
+    return "regression" if self.settings.regression else "single_label_classification"
 
   def _terms(self, raw, batch) -> jax.Array:
     if self.settings.regression:

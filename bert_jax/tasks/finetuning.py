@@ -6,6 +6,19 @@ its model, its record fields and their encoding, its predictions, its scores and
 
 Every head model holds the encoder as a submodule named `bert`, so `params["bert"]` of a
 pretraining checkpoint (or an import) plugs in unchanged; only the head's parameters are new.
+
+Heads come in the two forms HF has (`settings.head`, from config.head.kind; "auto" follows the
+encoder's family, `model.is_modernbert`):
+- "bert": HF's BertFor* heads. Classification reads the tanh pooler on [CLS] (`bert/pooler`),
+  then dropout and `classifier`; tagging the sequence, then dropout and `classifier`; QA the
+  sequence, then `qa_outputs` (no dropout).
+- "modernbert": HF's ModernBertFor* heads. `head` (`model.PredictionHead`: dense + activation +
+  norm) on the pooled vector (`model.pool` by classifier_pooling: [CLS], or the mean over the
+  attention mask) or on every token (tagging, QA), then dropout (config.head.classifier_dropout,
+  0 by default as HF's) and `classifier`. From an MLM-pretrained encoder, `head` starts from the
+  MLM head's transform, as HF's from_pretrained of a ModernBertForMaskedLM checkpoint does (the
+  names match there).
+Parameter names follow HF's, so an export (`bert_jax/hf_export.py`) writes them as they are.
 """
 
 import dataclasses
@@ -19,11 +32,25 @@ import numpy as np
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.finetune import Record, TaskData
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import EMBED, BertConfig
+from bert_jax import model as model_lib
+from bert_jax.model import EMBED, BertConfig, BertModel, PredictionHead
 from bert_jax.weights.layout import pad_vocab
+from bert_jax.weights.params import PRETRAINING_SUBTREES, TaskHead
 from bert_jax.tasks.base import Batch, Scores, Task
 
 ENCODER = "bert"  # Name of the encoder submodule in every head model (pooler included).
+CLASSIFIER = "classifier"  # The last layer of a head whose outputs are the labels.
+# config.head.kind: "auto" (the encoder family's), or HF's heads of BERT or of ModernBERT.
+HEAD_KINDS = ("auto", "bert", "modernbert")
+HF_PREFIXES = {"bert": "Bert", "modernbert": "ModernBert"}  # HF class names by head kind.
+
+
+def resolve_head(kind: str, model_config: BertConfig) -> str:
+  """config.head.kind with "auto" decided by the encoder: ModernBERT's heads for the modern
+  architecture, BERT's otherwise (a model HF has neither for keeps BERT's)."""
+  if kind != "auto":
+    return kind
+  return "modernbert" if model_lib.is_modernbert(model_config) else "bert"
 
 
 @dataclasses.dataclass(frozen=True)
@@ -32,35 +59,59 @@ class FinetuneSettings:
   settings of its own subclasses it (and names the subclass in `settings_class`)."""
   labels: tuple[str, ...]
   max_seq_length: int
-  head_dropout_prob: float
+  head_dropout_prob: float  # Before the classifier (head.dropout_prob or classifier_dropout).
   freeze_encoder: bool
+  # HF's head form, "bert" or "modernbert" (see the module docstring); checkpoints from before
+  # ModernBERT's heads all have BERT's.
+  head: str = dataclasses.field(default="bert", kw_only=True)
 
   @classmethod
   def config_values(cls, config) -> dict[str, Any]:
-    """The fields of this class but `labels`, from the config (a subclass adds its own)."""
+    """The fields of this class but `labels` and the head's, from the config (a subclass adds
+    its own)."""
     return {"max_seq_length": config.data.max_seq_length,
-            "head_dropout_prob": config.head.dropout_prob,
             "freeze_encoder": bool(config.train.freeze_encoder)}
 
   @classmethod
-  def from_config(cls, config, labels: Sequence[str]) -> Self:
-    return cls(labels=tuple(labels), **cls.config_values(config))
+  def from_config(cls, config, labels: Sequence[str], model_config: BertConfig) -> Self:
+    """The settings of a run of `config` on an encoder of `model_config`."""
+    head = resolve_head(config.head.kind, model_config)
+    dropout = config.head.classifier_dropout if head == "modernbert" else config.head.dropout_prob
+    return cls(labels=tuple(labels), head=head, head_dropout_prob=dropout,
+               **cls.config_values(config))
 
   @classmethod
   def from_meta(cls, meta: dict[str, Any]) -> Self:
     """The settings a checkpoint's task meta recorded (`FinetuneTask.meta`)."""
+    meta = {"head": "bert", **meta}
     values = {f.name: meta[f.name] for f in dataclasses.fields(cls)}
     return cls(**{**values, "labels": tuple(values["labels"])})
 
 
 def head_dense(config: BertConfig, features: int, name: str) -> nn.Dense:
-  """The task layer on top of the encoder (BERT's truncated-normal init, zero bias)."""
+  """The task's last layer (its σ: `model.INIT_STDS`' "classifier", hidden_size^-0.5 for
+  ModernBERT; zero bias)."""
   return nn.Dense(
       features, dtype=config.dtype, param_dtype=config.param_dtype,
-      kernel_init=nn.with_logical_partitioning(
-          nn.initializers.truncated_normal(config.initializer_range), (EMBED, None)),
+      kernel_init=model_lib.weight_init(config, (EMBED, None), "classifier"),
       bias_init=nn.with_logical_partitioning(nn.initializers.zeros_init(), (None,)),
       name=name)
+
+
+def head_features(config: BertConfig, head: str, input_ids, token_type_ids, attention_mask,
+                  deterministic: bool, pooled: bool):
+  """What a head's dropout and classifier read, inside the calling module: [B, H] (`pooled`)
+  or [B, L, H]. BERT's: the tanh pooler on [CLS], or the sequence; ModernBERT's: HF's
+  prediction head on `model.pool`'s vector (classifier_pooling) or on every token."""
+  if head == "bert":
+    sequence, pooled_output = BertModel(config, add_pooling_layer=pooled, name=ENCODER)(
+        input_ids, token_type_ids, attention_mask, deterministic)
+    return pooled_output if pooled else sequence
+  sequence, _ = BertModel(config, add_pooling_layer=False, name=ENCODER)(
+      input_ids, token_type_ids, attention_mask, deterministic)  # [B, L, H]
+  if pooled:
+    sequence = model_lib.pool(sequence, attention_mask, None, config.classifier_pooling)
+  return PredictionHead(config, name="head")(sequence)
 
 
 def nll(logits, labels):
@@ -101,6 +152,30 @@ class FinetuneTask(Task):
   # Per-example fields of a train batch besides the inputs: name -> (shape, dtype), with L for
   # the sequence length.
   target_signature: ClassVar[dict[str, tuple[tuple[str | int, ...], Any]]] = {}
+  # HF's task model of this head without the family's prefix (`HF_PREFIXES`), e.g.
+  # "ForSequenceClassification"; "" for a task HF has none for (it exports its encoder only).
+  hf_task: ClassVar[str] = ""
+  # config.json's id2label names of a task without labels (QA: its two outputs).
+  hf_labels: ClassVar[tuple[str, ...]] = ()
+
+  @property
+  def hf_architecture(self) -> str:
+    """HF's class of this model ("BertForSequenceClassification", ...), "" without one."""
+    return HF_PREFIXES[self.settings.head] + self.hf_task if self.hf_task else ""
+
+  def hf_problem_type(self) -> str | None:
+    """config.json's problem_type (HF's sequence classifiers read it), None if unused."""
+    return None
+
+  def hf_head(self, params: dict) -> TaskHead:
+    """This model's head as its HF task model holds it (`weights.save_hf`): the class, the
+    output names, problem_type, the params besides the encoder and the dropout before the
+    classifier."""
+    if not self.hf_task:
+      raise ValueError(f"task {self.name!r} has no HuggingFace task model to export to")
+    return TaskHead(self.hf_architecture, tuple(self.settings.labels) or self.hf_labels,
+                    self.hf_problem_type(), {k: v for k, v in params.items() if k != ENCODER},
+                    self.settings.head_dropout_prob)
 
   @property
   def frozen(self) -> tuple[str, ...]:
@@ -172,8 +247,42 @@ class FinetuneTask(Task):
                    **self.score(predicted, data)}, {"examples": len(data.examples)})
 
   def initial_params(self, pretrained: dict) -> dict:
-    # Real vocabulary rows in (every weight format's), the model's padding out.
-    return {ENCODER: pad_vocab(pretrained, self.model_config)[ENCODER]}
+    # Real vocabulary rows in (every weight format's), the model's padding out. Subtrees
+    # besides the pretraining ones are a task head that `head_from` took for this task.
+    params = {ENCODER: pad_vocab(pretrained, self.model_config)[ENCODER],
+              **{k: v for k, v in pretrained.items() if k not in PRETRAINING_SUBTREES}}
+    if self.settings.head == "modernbert" and "head" not in params and "mlm" in pretrained:
+      # HF's ModernBertFor*.from_pretrained of an MLM checkpoint loads its head.* here too.
+      mlm = pretrained["mlm"]
+      params["head"] = {"dense": mlm["transform"], "norm": mlm["transform_norm"]}
+    return params
+
+  def head_from(self, head: TaskHead) -> tuple[dict, str]:
+    """(the params of a source's task head to start from, a line saying what was taken), or
+    ({}, why not): the head starts fresh unless it is this task's HF model (family included)
+    with the same outputs (the same label set: its classifier rows are put in this run's label
+    order; regression both or neither)."""
+    if head.architecture != self.hf_architecture:
+      return {}, (f"its task head is a {head.architecture}, this run trains a "
+                  f"{self.hf_architecture or self.name}")
+    labels = tuple(self.settings.labels)
+    regression = bool(getattr(self.settings, "regression", False))
+    if head.regression != regression:
+      return {}, (f"its head is {'a regression' if head.regression else 'a classifier'}, this "
+                  f"run trains {'a regression' if regression else 'a classifier'} "
+                  "(config.data.regression)")
+    if not labels or regression:  # QA, or one regression output: nothing to reorder.
+      return dict(head.params), f"took its task head ({head.architecture})"
+    if sorted(head.labels) != sorted(labels):
+      return {}, (f"its head's labels {list(head.labels)} are not this run's {list(labels)} "
+                  "(config.data.labels or the training file's)")
+    order = [head.labels.index(label) for label in labels]
+    classifier = head.params[CLASSIFIER]
+    params = {**head.params, CLASSIFIER: {"kernel": np.asarray(classifier["kernel"])[:, order],
+                                          "bias": np.asarray(classifier["bias"])[order]}}
+    reordered = ("" if order == sorted(order) else
+                 f" (its {list(head.labels)} put in this run's order)")
+    return params, f"took its task head ({head.architecture}, labels {list(labels)}{reordered})"
 
   def meta(self) -> dict[str, Any]:
     return {"name": self.name, **dataclasses.asdict(self.settings)}

@@ -40,8 +40,9 @@ import numpy as np
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.finetune import Record, TaskData
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig, BertModel
-from bert_jax.tasks.finetuning import FinetuneSettings, FinetuneTask, head_dense, nll
+from bert_jax.model import BertConfig
+from bert_jax.tasks.finetuning import (CLASSIFIER, FinetuneSettings, FinetuneTask, head_dense,
+                                       head_features, nll)
 
 # Masked QA logits: finite, so an all-masked row still has a (uniform) softmax.
 _MASKED_LOGIT = -1e9
@@ -50,16 +51,24 @@ _MASKED_LOGIT = -1e9
 class BertForQuestionAnswering(nn.Module):
   """[CLS] question [SEP] passage-window [SEP] -> (start_logits, end_logits), each [B, L] f32,
   with every position outside `context_mask` (1 on passage tokens) masked out except position
-  0, [CLS]: the target of windows that do not hold the answer (run_squad's out-of-span rule)."""
+  0, [CLS]: the target of windows that do not hold the answer (run_squad's out-of-span rule).
+  `head` "bert": HF's BertForQuestionAnswering (`qa_outputs` on the sequence, no dropout);
+  "modernbert": ModernBertForQuestionAnswering (prediction head, dropout, `classifier`)."""
   config: BertConfig
+  dropout_prob: float = 0.0
+  head: str = "bert"
 
   @nn.compact
   def __call__(self, input_ids, token_type_ids, attention_mask, context_mask,
                deterministic: bool = True):
-    sequence, _ = BertModel(self.config, add_pooling_layer=False, name="bert")(
-        input_ids, token_type_ids, attention_mask, deterministic)  # [B, L, H]
-    logits = head_dense(self.config, 2, "qa_outputs")(sequence).astype(jnp.float32)  # [B, L, 2]
-    logits = mask_qa_logits(logits, context_mask)
+    sequence = head_features(self.config, self.head, input_ids, token_type_ids, attention_mask,
+                             deterministic, pooled=False)  # [B, L, H]
+    if self.head == "bert":
+      logits = head_dense(self.config, 2, "qa_outputs")(sequence)
+    else:
+      sequence = nn.Dropout(self.dropout_prob)(sequence, deterministic=deterministic)
+      logits = head_dense(self.config, 2, CLASSIFIER)(sequence)
+    logits = mask_qa_logits(logits.astype(jnp.float32), context_mask)  # [B, L, 2]
     return logits[..., 0], logits[..., 1]
 
 
@@ -401,10 +410,13 @@ class QATask(FinetuneTask):
   input_names = ("input_ids", "token_type_ids", "attention_mask", "context_mask")
   target_signature = {"start_positions": ((), jnp.int32), "end_positions": ((), jnp.int32),
                       "answer_weight": ((), jnp.float32)}
+  hf_task = "ForQuestionAnswering"
+  hf_labels = ("start", "end")  # The two outputs per token: start and end logits.
 
   @property
   def model(self) -> BertForQuestionAnswering:
-    return BertForQuestionAnswering(self.model_config)
+    return BertForQuestionAnswering(self.model_config, self.settings.head_dropout_prob,
+                                    self.settings.head)
 
   def outputs(self, raw) -> dict[str, jax.Array]:
     return {"start_logits": raw[0], "end_logits": raw[1]}

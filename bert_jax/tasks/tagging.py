@@ -17,22 +17,25 @@ import numpy as np
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.finetune import Record, TaskData
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig, BertModel
-from bert_jax.tasks.finetuning import FinetuneTask, f1_from_counts, head_dense, nll
+from bert_jax.model import BertConfig
+from bert_jax.tasks.finetuning import (CLASSIFIER, FinetuneTask, f1_from_counts, head_dense,
+                                       head_features, nll)
 
 
 class BertForTokenClassification(nn.Module):
-  """Tokens -> per-position logits [B, L, C] f32. No pooler: it would get no gradient."""
+  """Tokens -> per-position logits [B, L, C] f32 (HF's BertForTokenClassification, or with
+  `head` "modernbert" ModernBertForTokenClassification). No pooler: it would get no gradient."""
   config: BertConfig
   num_labels: int
   dropout_prob: float = 0.1
+  head: str = "bert"
 
   @nn.compact
   def __call__(self, input_ids, token_type_ids, attention_mask, deterministic: bool = True):
-    sequence, _ = BertModel(self.config, add_pooling_layer=False, name="bert")(
-        input_ids, token_type_ids, attention_mask, deterministic)  # [B, L, H]
+    sequence = head_features(self.config, self.head, input_ids, token_type_ids, attention_mask,
+                             deterministic, pooled=False)  # [B, L, H]
     sequence = nn.Dropout(self.dropout_prob)(sequence, deterministic=deterministic)
-    return head_dense(self.config, self.num_labels, "classifier")(sequence).astype(jnp.float32)
+    return head_dense(self.config, self.num_labels, CLASSIFIER)(sequence).astype(jnp.float32)
 
 
 def is_bio(labels: Sequence[str]) -> bool:
@@ -92,11 +95,12 @@ class TaggingTask(FinetuneTask):
   predict_mode = "tag"
   text_b = "unused"
   target_signature = {"labels": (("L",), jnp.int32), "label_weights": (("L",), jnp.float32)}
+  hf_task = "ForTokenClassification"
 
   @property
   def model(self) -> BertForTokenClassification:
     return BertForTokenClassification(self.model_config, self.num_outputs,
-                                      self.settings.head_dropout_prob)
+                                      self.settings.head_dropout_prob, self.settings.head)
 
   def _terms(self, raw, batch) -> jax.Array:
     return nll(raw, batch["labels"])  # [B, L]

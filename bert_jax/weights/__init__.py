@@ -9,11 +9,14 @@
 guesses a format), and returns float32 numpy params with a float32 `BertConfig`
 (`dataclasses.replace(config, dtype="bfloat16")` for bf16 compute). Heads that are missing are
 named in a warning; `heads_present(params)` tells, and `fill_missing_heads` takes them from
-freshly initialised params when the caller decides to.
+freshly initialised params when the caller decides to. `load_with_head` also returns the task
+head of a HuggingFace task model (`TaskHead`; fine-tuning decides whether it fits its task).
 
 Every path may be local or in a bucket (gs://): files go through `bert_jax.storage`, checkpoints
 through orbax.
 """
+
+import logging
 
 from bert_jax import checkpointing, storage
 from bert_jax.data.vocab import Vocab
@@ -21,13 +24,13 @@ from bert_jax.model import BertConfig
 from bert_jax.weights import bert_jax_dir, hf, tf_bundle, training
 from bert_jax.weights.bert_jax_dir import FORMAT_FILE, save_pretrained
 from bert_jax.weights.hf import hf_architecture, load_hf, save_hf
-from bert_jax.weights.params import (HEADS, check_params, fill_missing_heads, heads_present,
-                                     warn_missing_heads)
+from bert_jax.weights.params import (HEADS, TaskHead, check_params, fill_missing_heads,
+                                     heads_present, warn_missing_heads)
 from bert_jax.weights.tf import load_tf
 
-__all__ = ["FORMAT_FILE", "HEADS", "check_params", "detect_format", "fill_missing_heads",
-           "heads_present", "hf_architecture", "load_hf", "load_pretrained", "load_tf",
-           "save_hf", "save_pretrained"]
+__all__ = ["FORMAT_FILE", "HEADS", "TaskHead", "check_params", "detect_format",
+           "fill_missing_heads", "heads_present", "hf_architecture", "load_hf",
+           "load_pretrained", "load_tf", "load_with_head", "save_hf", "save_pretrained"]
 
 
 def _is_tf_checkpoint(path: str) -> bool:
@@ -66,11 +69,26 @@ _LOADERS = {"bert_jax": bert_jax_dir.load, "training": training.load, "huggingfa
 def load_pretrained(path: str) -> tuple[BertConfig, dict, Vocab | None]:
   """(config, float32 numpy params, vocab or None) from a bert_jax pretrained directory, a
   training or fine-tuning workdir (its checkpoint's params: the BertForPreTraining parts, no
-  optimizer state, no task head), a HuggingFace directory or a google-research/bert TF
-  checkpoint. Missing heads are absent from the params and named in a warning."""
+  optimizer state, no task head), a HuggingFace directory (a task model's encoder) or a
+  google-research/bert TF checkpoint. Missing heads are absent from the params and named in a
+  warning."""
+  config, params, vocab, head = load_with_head(path)
+  if head is not None:
+    logging.getLogger(__name__).warning("%s: left out the task head of its %s", path,
+                                        head.architecture)
+  return config, params, vocab
+
+
+def load_with_head(path: str) -> tuple[BertConfig, dict, Vocab | None, TaskHead | None]:
+  """`load_pretrained`'s (config, params, vocab) and the task head of a HuggingFace task model
+  (None for any other source)."""
   path = storage.absolute(path)
   if not storage.exists(path) and not storage.exists(path + tf_bundle.INDEX_SUFFIX):
     raise ValueError(f"{path} does not exist")
-  config, params, vocab = _LOADERS[detect_format(path)](path)
+  source_format = detect_format(path)
+  if source_format == "huggingface":
+    config, params, vocab, head = hf.load_hf_with_head(path)
+  else:
+    (config, params, vocab), head = _LOADERS[source_format](path), None
   warn_missing_heads(params, path)
-  return config, params, vocab
+  return config, params, vocab, head

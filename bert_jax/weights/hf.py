@@ -4,12 +4,15 @@ Import (`load_hf`): `config.json`, weights from `model.safetensors` or `pytorch_
 also sharded behind an `.index.json`), the vocabulary from `sentencepiece.model` (bert_jax's own
 sentencepiece exports), `tokenizer.json` or `vocab.txt`. BertModel, BertForMaskedLM and
 BertForPreTraining checkpoints load, and ModernBertModel / ModernBertForMaskedLM ones
-(config.json's model_type "modernbert"); heads they lack stay absent.
+(config.json's model_type "modernbert"); heads they lack stay absent. Task models of either
+family (BertForSequenceClassification, ModernBertForTokenClassification, ...) give their encoder,
+and `load_hf_with_head` their task head too (`weights.hf_heads`).
 Export (`save_hf`): `config.json`, `model.safetensors` and the tokenizer files
 (`weights.hf_tokenizer`: AutoTokenizer gives bert_jax's ids), readable by `transformers`'
 `from_pretrained` without remote code: BertForPreTraining names for exact BERT, ModernBERT's for
-the modern encoder (`hf_modernbert.is_modernbert`; no pooler or NSP head there). Parameter names
-and layouts come from `bert_jax.weights.hf_bert`'s one table and `hf_modernbert`.
+the modern encoder (`hf_modernbert.is_modernbert`; no pooler or NSP head there), or a task model
+with a fine-tuned head (`bert_jax/hf_export.py`). Parameter names and layouts come from
+`bert_jax.weights.hf_bert`'s one table, `hf_modernbert` and `hf_heads`.
 
 Directories may be local or in a bucket (gs://, through `bert_jax.storage`): a bucket's weight
 files are read into memory and written from it.
@@ -28,7 +31,7 @@ import safetensors.numpy
 from bert_jax import model as model_lib, storage
 from bert_jax.data.vocab import SENTENCEPIECE_FILE, Vocab
 from bert_jax.model import BertConfig
-from bert_jax.weights import files, hf_bert, hf_modernbert, hf_tokenizer
+from bert_jax.weights import files, hf_bert, hf_heads, hf_modernbert, hf_tokenizer
 from bert_jax.weights import params as params_lib
 
 logger = logging.getLogger(__name__)
@@ -168,8 +171,11 @@ def params_from_state(state: Mapping[str, np.ndarray], config: BertConfig, sourc
 def read_config(config_file: str) -> tuple[BertConfig, str]:
   """(float32 config, family "bert" or "modernbert") of a HF config.json, by its model_type;
   errors name the file and the field."""
-  values = files.read_json(config_file)
-  if values.get("model_type") != hf_modernbert.MODEL_TYPE:
+  return _read_config(files.read_json(config_file), config_file)
+
+
+def _read_config(values: dict, config_file: str) -> tuple[BertConfig, str]:
+  if not isinstance(values, dict) or values.get("model_type") != hf_modernbert.MODEL_TYPE:
     return params_lib.config_from_dict(values, config_file), "bert"
   try:
     return hf_modernbert.config_from_hf(values), "modernbert"
@@ -180,8 +186,20 @@ def read_config(config_file: str) -> tuple[BertConfig, str]:
 def load_hf(directory: str, lowercase: bool | None = None) -> tuple[BertConfig, dict, Vocab]:
   """A HuggingFace BERT or ModernBERT directory (config.json, weights, a vocabulary) ->
   (config, float32 params, vocab). BertModel, BertForMaskedLM, BertForPreTraining,
-  ModernBertModel and ModernBertForMaskedLM work; heads they lack are absent from the params
-  (see `heads_present`)."""
+  ModernBertModel and ModernBertForMaskedLM work, and a task model's encoder (its head is left
+  out: `load_hf_with_head` keeps it); heads they lack are absent from the params (see
+  `heads_present`)."""
+  config, params, vocab, head = load_hf_with_head(directory, lowercase)
+  if head is not None:
+    logger.warning("%s: left out the task head of its %s", directory, head.architecture)
+  return config, params, vocab
+
+
+def load_hf_with_head(directory: str, lowercase: bool | None = None
+                      ) -> tuple[BertConfig, dict, Vocab, params_lib.TaskHead | None]:
+  """`load_hf`'s (config, params, vocab), and the task head of a task model
+  (BertForSequenceClassification, ModernBertForQuestionAnswering, ...: `hf_heads`), else
+  None."""
   directory = storage.absolute(directory)
   if not storage.isdir(directory):
     raise ValueError(f"HuggingFace directory {directory} does not exist")
@@ -190,12 +208,15 @@ def load_hf(directory: str, lowercase: bool | None = None) -> tuple[BertConfig, 
     raise ValueError(f"{directory}: no {CONFIG_FILE} (a HuggingFace BERT directory holds "
                      f"{CONFIG_FILE}, model.safetensors or pytorch_model.bin, and "
                      f"{' or '.join(VOCAB_FILES)})")
-  config, family = read_config(config_file)
+  values = files.read_json(config_file)
+  config, family = _read_config(values, config_file)
   vocab = read_vocab(directory, lowercase)
   state, weights_file = read_weights(directory)
-  params = params_from_state(state, config, f"{weights_file} (with {config_file})", family)
+  source = f"{weights_file} (with {config_file})"
+  state, head = hf_heads.split_state(state, values, family, source)
+  params = params_from_state(state, config, source, family)
   params_lib.check_vocab_fits(vocab, config, directory)
-  return config, params, vocab
+  return config, params, vocab, head
 
 
 # ---------------------------------------------------------------------------------- export
@@ -254,6 +275,18 @@ def _modern_state(params: Mapping, config: BertConfig,
       "ModernBertModel"
 
 
+def _task_state(params: Mapping, config: BertConfig, family: str,
+                head: params_lib.TaskHead) -> dict[str, np.ndarray]:
+  """The state dict of a task model: the encoder under its prefix (BERT's pooler when the
+  params hold it), no pretraining head, then the task head's parameters."""
+  heads = {**params_lib.heads_present(params), "mlm": False, "nsp": False}
+  if family == "modernbert":
+    state = {f"model.{k}": v for k, v in _modern_state(params, config, heads)[0].items()}
+  else:
+    state = _state_to_save(params, config, heads)
+  return {**state, **hf_heads.state_from_params(head.params)}
+
+
 def _hf_config(config: BertConfig, architecture: str, vocab: Vocab | None) -> dict:
   return {
       "architectures": [architecture],
@@ -275,20 +308,26 @@ def _modern_config(config: BertConfig, architecture: str, vocab: Vocab | None) -
 
 
 def save_hf(output_dir: str, params: Mapping, config: BertConfig, vocab: Vocab | None,
-            overwrite: bool = False) -> str:
+            overwrite: bool = False, head: params_lib.TaskHead | None = None) -> str:
   """Writes a HuggingFace directory: config.json, model.safetensors (BertForPreTraining names,
   or ModernBERT's for the modern encoder; tied decoder keys omitted as transformers' own
-  save_pretrained does) and the tokenizer (`hf_tokenizer.tokenizer_files`). Returns the
+  save_pretrained does) and the tokenizer (`hf_tokenizer.tokenizer_files`). With a task `head`
+  (`FinetuneTask.hf_head`), its task model instead: the encoder (no pretraining heads), the
+  head's parameters, and config.json's id2label / label2id / problem_type. Returns the
   transformers architecture written (heads decide it, see `hf_architecture`)."""
   params = params_lib.check_params(params, config, "params to export")
   heads = params_lib.heads_present(params)
   family = hf_family(config)
-  if family == "modernbert":
+  if head is not None:
+    state, architecture = _task_state(params, config, family, head), head.architecture
+  elif family == "modernbert":
     state, architecture = _modern_state(params, config, heads)
-    hf_config = _modern_config(config, architecture, vocab)
   else:
     state, architecture = _state_to_save(params, config, heads), hf_architecture(heads)
-    hf_config = _hf_config(config, architecture, vocab)
+  hf_config = (_modern_config if family == "modernbert" else _hf_config)(config, architecture,
+                                                                         vocab)
+  if head is not None:
+    hf_config.update(hf_heads.config_fields(head))
   output_dir = files.fresh_output_dir(os.fspath(output_dir), overwrite)
   files.write_json(storage.join(output_dir, CONFIG_FILE), hf_config)
   weights_file = storage.join(output_dir, "model.safetensors")
@@ -301,7 +340,8 @@ def save_hf(output_dir: str, params: Mapping, config: BertConfig, vocab: Vocab |
     for name, content in hf_tokenizer.tokenizer_files(
         vocab, config.max_position_embeddings, _INPUT_NAMES[family]).items():
       storage.write_bytes(storage.join(output_dir, name), content)
-  _log_heads(output_dir, heads, architecture, family)
+  if head is None:
+    _log_heads(output_dir, heads, architecture, family)
   return architecture
 
 

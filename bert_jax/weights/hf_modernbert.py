@@ -17,23 +17,16 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from bert_jax.model import ACTIVATIONS, POOLINGS, BertConfig, param_shapes
+from bert_jax.model import (ACTIVATIONS, MODERNBERT_ARCHITECTURE as ARCHITECTURE, POOLINGS,
+                            BertConfig, is_modernbert, param_shapes)
 from bert_jax.weights.layout import pad_vocab, unpad_vocab
 
 MODEL_TYPE = "modernbert"
-# BertConfig fields that make an encoder a ModernBERT (the rest: sizes and options).
-ARCHITECTURE = {"position_embedding": "rotary", "mlp": "glu", "norm_placement": "pre",
-                "type_vocab_size": 0}
 _LAYERS = ("bert", "encoder", "layers")
 MAX_SIZE = 2**31 - 1  # As hf_bert: jax takes no larger Python int for an int32 argument.
 # HF ModernBertConfig's defaults of the sizes bert_jax reads.
 _SIZES = {"vocab_size": 50368, "hidden_size": 768, "intermediate_size": 1152,
           "num_hidden_layers": 22, "num_attention_heads": 12, "max_position_embeddings": 8192}
-
-
-def is_modernbert(config: BertConfig) -> bool:
-  """Whether `config` is the architecture HF's ModernBERT computes."""
-  return all(getattr(config, k) == v for k, v in ARCHITECTURE.items())
 
 
 def _whole(name: str, value: Any, low: int = 1) -> int:

@@ -33,6 +33,22 @@ Path = tuple[str, ...]
 _LAYERS = ("bert", "encoder", "layers")  # The stacked [S, ...] layer params.
 
 
+@dataclasses.dataclass(frozen=True)
+class TaskHead:
+  """A fine-tuned task head that a weights source holds beside its encoder (a HuggingFace
+  BertFor* / ModernBertFor* task directory): the class it was, what its outputs mean, its
+  params. Whether a fine-tuning run takes it is the task's call (`FinetuneTask.head_from`)."""
+  architecture: str  # HF's class, e.g. "BertForSequenceClassification".
+  labels: tuple[str, ...]  # config.json's id2label, in index order.
+  problem_type: str | None  # config.json's: "regression", "single_label_classification", None.
+  params: dict  # Its top-level subtrees by bert_jax's (= HF's) names: classifier, head, ...
+  dropout: float | None = None  # Before the classifier (config.json's classifier_dropout).
+
+  @property
+  def regression(self) -> bool:
+    return self.problem_type == "regression"
+
+
 def flatten(params: Mapping, prefix: Path = ()) -> dict[Path, Any]:
   """{("bert", "pooler", "kernel"): array, ...} of a nested params tree."""
   flat = {}
