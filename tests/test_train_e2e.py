@@ -68,7 +68,7 @@ def _checkpoint_steps(workdir) -> list[int]:
   directory = os.path.join(workdir, "checkpoints")
   if not os.path.isdir(directory):
     return []
-  return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+  return sorted(int(name) for name in os.listdir(directory) if name.isascii() and name.isdigit())
 
 
 @pytest.fixture(scope="module")
@@ -215,12 +215,72 @@ def _stderr_lines(result) -> list[str]:
   return [line for line in result.stderr.splitlines() if line.strip()]
 
 
-def _garble(step_dir):
-  """Overwrites the start of every file of a checkpoint's state (damage on disk)."""
+def _garble(step_dir, keep=()):
+  """Overwrites the start of every file of a checkpoint's state (damage on disk), but `keep`."""
   for root, _, names in os.walk(os.path.join(step_dir, "state")):
     for name in names:
-      with open(os.path.join(root, name), "r+b") as f:
-        f.write(b"\x00garbled\x00")
+      if name not in keep:
+        with open(os.path.join(root, name), "r+b") as f:
+          f.write(b"\x00garbled\x00")
+
+
+def _all_checkpoint_names(workdir) -> list[str]:
+  return sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+
+
+def test_a_resume_with_other_settings_is_refused_and_nothing_is_renamed(prepared, tmp_path):
+  """Another optimizer (or clipping turned off) does not fit the checkpoint's optimizer state:
+  one line naming the field before any compile, not "damaged" checkpoints set aside (#37). A
+  run shorter than the checkpoint says so. Stray names in checkpoints/ are ignored with a
+  warning, and the right settings resume from the newest checkpoint."""
+  from bert_jax import checkpoint_integrity  # pylint: disable=import-outside-toplevel
+  workdir = str(tmp_path / "run")
+  shutil.copytree(prepared[0], workdir)
+  newest = _checkpoint_steps(workdir)[-1]
+  names = _all_checkpoint_names(workdir)
+  more = f"--config.train.num_train_steps={newest + 2}"
+  cases = [
+      ((more, "--config.train.optimizer=adamw"),
+       f"error: {workdir}/checkpoints/{newest} was trained with other optimizer settings "
+       "(train.optimizer: checkpoint 'bert_adamw', this run 'adamw')"),
+      ((more, "--config.train.max_grad_norm=0"), "train.max_grad_norm: checkpoint 1.0, this run "
+       "0.0 (clipping on vs off)"),
+      ((f"--config.train.num_train_steps={newest - 2}",),
+       f"error: {workdir}/checkpoints/{newest} is at step {newest}, past "
+       f"config.train.num_train_steps={newest - 2}"),
+  ]
+  for flags, text in cases:
+    result = _launch(workdir, *flags)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert _stderr_lines(result)[-1].startswith("error: ") and text in _stderr_lines(result)[-1]
+    assert "Compiled the train step" not in result.stdout
+    assert _all_checkpoint_names(workdir) == names  # Nothing renamed, nothing lost.
+
+  # A checkpoint whose meta does not name its optimizer (the check above cannot tell): the
+  # restore itself fails on the tree, and the verified checkpoint is refused, not set aside.
+  for step in _checkpoint_steps(workdir):
+    step_dir = os.path.join(workdir, "checkpoints", str(step))
+    meta_file = os.path.join(step_dir, "meta", "metadata")
+    meta = json.load(open(meta_file))
+    del meta["config"]["train"]["optimizer"]
+    json.dump(meta, open(meta_file, "w"))
+    checkpoint_integrity.write_manifest(step_dir)
+  result = _launch(workdir, more, "--config.train.optimizer=lamb")
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+  assert _stderr_lines(result)[-1].startswith(
+      f"error: Checkpoint {workdir}/checkpoints/{newest} is intact (it passed its integrity "
+      "check) but does not restore into this run's state"), _stderr_lines(result)[-1]
+  assert _all_checkpoint_names(workdir) == names
+
+  os.makedirs(os.path.join(workdir, "checkpoints", "backup"))  # Stray names an operator left.
+  os.makedirs(os.path.join(workdir, "checkpoints", "\u00b2"))  # "²": str.isdigit, not int().
+  resumed = _launch(workdir, more)
+  assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+  assert f"Resumed from {workdir}/checkpoints/{newest}" in resumed.stdout
+  assert f"Ignoring 'backup', '\u00b2' in {workdir}/checkpoints: not checkpoint steps" in (
+      resumed.stderr)
+  assert _checkpoint_steps(workdir)[-1] == newest + 2
+  assert not [n for n in _all_checkpoint_names(workdir) if "damaged" in n]
 
 
 def test_damaged_newest_checkpoint_falls_back_bit_identically(prepared, tmp_path):
@@ -430,7 +490,9 @@ def test_unrecorded_damaged_checkpoint_falls_back_without_a_traceback(prepared, 
   newest_dir = os.path.join(workdir, "checkpoints", str(newest))
   os.remove(os.path.join(newest_dir, "bert_jax_manifest.json"))
   os.remove(os.path.join(workdir, "checkpoints", str(older[-1]), "bert_jax_manifest.json"))
-  _garble(newest_dir)
+  # Its tree (orbax's _METADATA) still reads as this run's, so the unreadable files are damage,
+  # not a checkpoint of other settings (those are refused, not set aside).
+  _garble(newest_dir, keep=("_METADATA",))
   total = max(reference)
   result = _launch(workdir, f"--config.train.num_train_steps={total}")
   assert result.returncode == 0, result.stdout + result.stderr
