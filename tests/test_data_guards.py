@@ -350,6 +350,31 @@ def test_finetuning_files_without_records(tmp_path):
     finetune_data.TrainBatches(empty, 8, seed=0)
 
 
+def test_empty_texts_and_labels_are_refused_with_file_and_line(tmp_path):
+  """An empty label would be a class of its own, a file of empty texts would fine-tune on
+  [CLS] [SEP] and exit 0 (#37): each is refused where it is. An empty text_b is no text_b."""
+  cases = [
+      ("texts.jsonl", '{"text": "a b", "label": "x"}\n{"text": " ", "label": "y"}\n',
+       "line 2: field 'text' is empty"),
+      ("labels.jsonl", '{"text": "a b", "label": "x"}\n\n{"text": "c", "label": ""}\n',
+       "line 3: field 'label' is empty"),
+      ("labels.csv", 'text,label\n"a b",x\n"c d"," "\n', "line 3: field 'label' is empty"),
+  ]
+  for name, content, message in cases:
+    path = str(tmp_path / name)
+    open(path, "w").write(content)
+    with pytest.raises(ValueError) as error:
+      finetune_data.read_records(path)
+    assert _one_line(error) == f"{path}, {message}"
+  pair = str(tmp_path / "pair.jsonl")
+  open(pair, "w").write('{"text": "a", "text_b": "", "label": "x"}\n')
+  assert finetune_data.text_b(finetune_data.read_records(pair)[0]) is None
+  tags = [("tags.jsonl", 1, {"text": "Alice went", "tags": ["B-PER", "O"]}),
+          ("tags.jsonl", 2, {"text": "Bob went", "tags": ["", "O"]})]
+  with pytest.raises(ValueError, match=r"^tags\.jsonl, line 2: an empty label \(''\)$"):
+    finetune_data.label_set(tags, (), lambda record: record[2]["tags"])
+
+
 def test_eval_batch_larger_than_the_validation_set_is_padded():
   ids = np.arange(3 * 4, dtype=np.int32).reshape(3, 4)  # [3, L]: 3 rows.
   data = finetune_data.TaskData("validation.jsonl", {"input_ids": ids}, [{}, {}, {}])

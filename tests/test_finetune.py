@@ -513,6 +513,12 @@ def test_regression_labels_loss_and_scores(tmp_path):
     csv_file.write_text("text,label\nwe saw it,x\n")
     _encode("classification", finetune_data.read_records(str(csv_file)), vocab,
                          labels=["score"], regression=True)
+  for cell in ("nan", "inf"):  # Refused before training, not a non-finite loss later (#37).
+    csv_file.write_text(f"text,label\nwe saw it,1\nwe went,{cell}\n")
+    with pytest.raises(ValueError, match=rf"scores\.csv, line 3: regression label '{cell}' is "
+                                         "not a finite number"):
+      _encode("classification", finetune_data.read_records(str(csv_file)), vocab,
+              labels=["score"], regression=True)
 
 
 

@@ -103,7 +103,21 @@ def read_records(path: str, data_format: str = "auto") -> list[Record]:
   if not records:
     raise ValueError(f"Data file {path} holds no records (it is empty, or holds blank lines or a "
                      "CSV header only)")
+  for record in records:
+    _check_not_blank(record)
   return records
+
+
+# Fields that must hold something when given: an empty text would train on [CLS] [SEP] alone,
+# an empty label would become a class of its own. (An empty text_b means "no second text".)
+_NOT_BLANK = ("text", "label")
+
+
+def _check_not_blank(record: Record) -> None:
+  for name in _NOT_BLANK:
+    value = record[2].get(name)
+    if isinstance(value, str) and not value.strip():
+      raise ValueError(f"{where(record)}: field {name!r} is empty")
 
 
 def where(record: Record) -> str:
@@ -147,7 +161,12 @@ def label_set(records: Sequence[Record], configured: Sequence[Any],
   training records, sorted ("O" first, then numbers in numeric order)."""
   if configured:
     return [label_name(v) for v in configured]
-  found = {label_name(value) for record in records for value in values_of(record)}
+  found = set()
+  for record in records:
+    for value in values_of(record):
+      if not label_name(value).strip():
+        raise ValueError(f"{where(record)}: an empty label ({value!r})")
+      found.add(label_name(value))
   names = sorted(found, key=lambda n: (n != "O", int(n) if n.lstrip("-").isdigit() else 0, n))
   if not names:
     raise ValueError(f"{records[0][0]}: no labels found")
