@@ -9,6 +9,7 @@ pretraining checkpoint (or an import) plugs in unchanged; only the head's parame
 """
 
 import dataclasses
+import warnings
 from typing import Any, ClassVar, Sequence, Self
 
 import flax.linen as nn
@@ -222,3 +223,11 @@ class FinetuneTask(Task):
 
   def main_metric(self) -> str:
     raise NotImplementedError
+
+  def metric_names(self) -> list[str]:
+    """What an evaluation reports, so that config.train.best_metric is checked before training:
+    the loss and the task's scores of no examples (their names do not depend on the data; a
+    task whose scores do adds those names)."""
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")  # Means of nothing.
+      return sorted({"loss", *self.score([], TaskData("", {}, []))})
