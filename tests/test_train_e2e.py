@@ -443,6 +443,28 @@ def test_one_run_per_workdir_and_a_killed_runs_lock_is_taken_over(prepared, tmp_
   assert f"Resumed from {workdir}/checkpoints/12" in again.stdout
 
 
+def test_an_empty_or_unparsable_lock_is_taken_over_with_a_warning(tmp_path, caplog,
+                                                                 monkeypatch):
+  """Such a lock (a run killed while writing it, a file spoiled by hand) blocked the workdir
+  for ever, blaming "another run" (#37). In process: what a launcher calls."""
+  from bert_jax import workdir_lock  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(workdir_lock, "_UNREADABLE_SECONDS", 0.2)  # 2 s: a writer's moment.
+  lock_file = tmp_path / "bert_jax.lock"
+  for content in ("", "{not json", "[1, 2]", '{"host": "h", "heartbeat": "soon"}'):
+    lock_file.write_text(content)
+    caplog.clear()
+    with workdir_lock.hold(str(tmp_path)):
+      assert json.loads(lock_file.read_text())["pid"] == os.getpid()
+    assert f"Taking over the lock of {tmp_path}: {lock_file} is empty or not a lock record" in (
+        caplog.text), content
+    assert not lock_file.exists()
+  alive = {"host": "elsewhere", "pid": 1, "started": "now", "heartbeat": time.time()}
+  lock_file.write_text(json.dumps(alive))  # A live run's lock is still refused.
+  with pytest.raises(workdir_lock.LockedError, match="is in use by another run"):
+    with workdir_lock.hold(str(tmp_path)):
+      pass
+
+
 def test_another_vocabulary_of_the_same_size_is_refused(prepared, tmp_path):
   """A corpus capped at 0.25 MB trains another 1000-piece vocabulary: same shapes, other ids."""
   workdir = str(tmp_path / "other_vocab")
