@@ -113,6 +113,25 @@ def test_damaged_shards_are_one_line_naming_the_file(small, tmp_path):
     pipeline.check_dataset(copy)
 
 
+def test_a_shard_garbled_where_the_start_does_not_read_is_one_line_in_training(small, tmp_path):
+  """The start's check reads each shard's first and last records; damage between them showed
+  as riegeli's 55-line traceback from grain's threads, after compiling (#37)."""
+  _, _, _, dataset_dir = small
+  copy = str(tmp_path / "garbled")
+  shutil.copytree(dataset_dir, copy)
+  shards = sorted(glob.glob(os.path.join(copy, "*-train.array_record-*")))
+  shard = max(shards, key=os.path.getsize)
+  with open(shard, "r+b") as f:
+    f.seek(os.path.getsize(shard) // 2)
+    f.write(b"\xff" * 64)
+  source = pipeline._split_source(copy, blocks.TRAIN)  # pylint: disable=protected-access
+  with pytest.raises(ValueError) as error:
+    pipeline.read_rows(source, range(len(source)), copy, blocks.TRAIN)
+  assert _one_line(error).startswith(f"Prepared dataset {copy}: shard {shard} (record "), (
+      _one_line(error))
+  assert "copy the dataset again" in _one_line(error)
+
+
 def test_empty_validation_split_is_refused_before_training(small, tmp_path, caplog, monkeypatch):
   _, text, vocab, _ = small
   scratch = tmp_path / "tmp"
