@@ -113,6 +113,32 @@ def test_damaged_shards_are_one_line_naming_the_file(small, tmp_path):
     pipeline.check_dataset(copy)
 
 
+def test_bert_meta_json_that_is_broken_or_names_a_vocabulary_elsewhere(small, tmp_path):
+  """An invalid bert_meta.json is one line naming the file; one whose vocab_dir lies outside
+  the dataset (another dataset's vocabulary) trained silently with it (#37)."""
+  _, _, vocab, dataset_dir = small
+  copy = str(tmp_path / "meta")
+  shutil.copytree(dataset_dir, copy)
+  meta_file = os.path.join(copy, "bert_meta.json")
+  meta = json.load(open(meta_file))
+  config = _prepared_config(copy, vocab)
+  for vocab_dir in ("../other/vocab", os.path.join(dataset_dir, "vocab"), "gs://b/vocab"):
+    json.dump({**meta, "vocab_dir": vocab_dir}, open(meta_file, "w"))
+    with pytest.raises(ValueError) as error:
+      pipeline.resolve_dataset(config, workdir="")
+    assert _one_line(error).startswith(f"{meta_file}: vocab_dir {vocab_dir!r} lies outside the "
+                                       "dataset"), _one_line(error)
+  json.dump({**meta, "vocab_dir": "./vocab"}, open(meta_file, "w"))
+  pipeline.resolve_dataset(config, workdir="")  # Inside, however spelled.
+  for content, message in (("{not json", "is not valid JSON"), ("[]", "is not a bert_jax "),
+                           (json.dumps({k: v for k, v in meta.items() if k != "special_ids"}),
+                            "lacks special_ids")):
+    open(meta_file, "w").write(content)
+    with pytest.raises(ValueError) as error:
+      pipeline.resolve_dataset(config, workdir="")
+    assert _one_line(error).startswith(f"{meta_file} {message}"), _one_line(error)
+
+
 def test_a_shard_garbled_where_the_start_does_not_read_is_one_line_in_training(small, tmp_path):
   """The start's check reads each shard's first and last records; damage between them showed
   as riegeli's 55-line traceback from grain's threads, after compiling (#37)."""

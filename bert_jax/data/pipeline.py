@@ -103,6 +103,7 @@ def resolve_dataset(config: ml_collections.ConfigDict, workdir: str,
     raise ValueError(f"config.data.source={config.data.source!r} has no dataset directory "
                      "(expected 'builtin' or 'prepared').")
   meta = prepare.load_meta(dataset_dir)
+  prepare.vocab_dir(dataset_dir, meta)  # Inside the dataset.
   check_dataset_matches(meta, config.model.vocab_size, config.data.max_seq_length,
                         config.data.objective, config.data.max_examples_per_row)
   check_dataset(dataset_dir, fraction_flag=fraction_flag)
