@@ -251,6 +251,27 @@ def test_vocabulary_without_text_names_the_input(tmp_path):
   assert sorted(os.listdir(tmp_path)) == ["c.model", "c.vocab"]  # No temporary directory left.
 
 
+def test_binary_input_is_refused_before_any_work(tmp_path):
+  """Random bytes became a pretraining dataset with one UTF-8 warning (#37); a text file with
+  a few Latin-1 bytes is still text (replaced and counted, tests/test_corpus_vocab.py)."""
+  from bert_jax.data import sources  # pylint: disable=import-outside-toplevel
+  text = tmp_path / "text.txt"
+  text.write_bytes("Caf\u00e9 au lait.\nUne phrase.\n".encode("latin-1") * 2000)
+  noise = tmp_path / "noise.bin"
+  noise.write_bytes(random.Random(0).randbytes(200_000).replace(b"\x00", b"\x01"))
+  image = tmp_path / "image.png"
+  image.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + b"a" * 100)
+  corpus.check_text_files([str(text)])
+  for path, why in ((noise, r"\d+% of its first 65,533 bytes are not UTF-8"),
+                    (image, "it holds NUL bytes")):
+    output = str(tmp_path / f"out_{path.stem}")
+    with pytest.raises(ValueError, match=rf"^Input file {path} is not text \({why}\): --input "
+                                         "takes UTF-8 text files"):
+      sources.prepare_corpus(output, sources.CorpusSource(input=[str(text), str(path)]),
+                             sources.VocabSource(size=300), blocks.ExampleSettings())
+    assert not os.path.exists(output)
+
+
 @pytest.mark.parametrize("num_workers", [0, 1])
 def test_interrupted_preparation_leaves_nothing(small, tmp_path, monkeypatch, num_workers):
   _, text, vocab, _ = small

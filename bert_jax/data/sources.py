@@ -196,6 +196,7 @@ def _documents(source: CorpusSource) -> tuple[
     return documents, lambda: holder["stats"], fingerprint, named
 
   paths = corpus.expand_paths(source.input)
+  corpus.check_text_files(paths)
   reader = (corpus.iter_bert_format if source.input_format == "bert"
             else corpus.iter_paragraph_text)
   digest = hashlib.sha256()
