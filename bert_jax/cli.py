@@ -181,8 +181,9 @@ def _report(message: str) -> None:
 
 
 def _exit_at_once(status: int) -> None:
-  """Ends the process without joining its threads: a signal stopped a write that is stuck in
-  storage, and the interpreter's exit would wait for it. The log file gets 2 s."""
+  """Ends the process without joining its threads or tearing the interpreter down: a signal
+  stopped a write that is stuck in storage (the interpreter's exit would wait for it), or a
+  compile whose threads are still running. The log file gets 2 s."""
   closer = threading.Thread(target=close_log_file, daemon=True)
   closer.start()
   closer.join(2.0)
@@ -241,8 +242,9 @@ def run(main: Callable[[], None], *, multi_host: bool = False, after_interrupt: 
       if isinstance(e, KeyboardInterrupt):  # The cleanup it ran on its way up is done.
         _report("interrupted (SIGINT); what was being written is not kept"
                 + (f" ({after_interrupt})" if after_interrupt else ""))
-        close_log_file()
-        sys.exit(128 + signal.SIGINT)
-      _report(_one_line(e))
-      _exit_at_once(e.exit_status)
+      else:
+        _report(_one_line(e))
+      # Not the interpreter's teardown: a SIGINT during a compile leaves XLA's compile threads
+      # running, and tearing down the modules under them segfaulted (exit 139 after this line).
+      _exit_at_once(128 + signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.exit_status)
   app.run(absl_main, flags_parser=_parse_flags)

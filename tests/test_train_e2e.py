@@ -621,9 +621,12 @@ def test_every_bad_input_is_one_line_before_any_compile(prepared, tmp_path):
   assert not os.path.exists(workdir)
   assert _checkpoint_steps(prepared[0])  # The converted-onto run is intact.
 
-  # SIGINT (Ctrl-C) in training: one line, exit 130; a restart resumes.
+  # SIGINT (Ctrl-C) in training, a checkpoint saved after every step (so most likely while
+  # one is written): one line, exit 130; a restart resumes. (tests/test_stop_signals.py: in a
+  # compile.)
   run_dir = _fresh_workdir(tmp_path, prepared[0])
-  process = _launch(run_dir, "--config.train.num_train_steps=12", wait=False)
+  process = _launch(run_dir, "--config.train.num_train_steps=12",
+                    "--config.checkpoint.save_every_steps=1", wait=False)
   output = _read_until(process, "step 6/12")
   process.send_signal(signal.SIGINT)
   rest, _ = process.communicate(timeout=60)
