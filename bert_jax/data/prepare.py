@@ -237,10 +237,10 @@ def _write_shards(
 
 
 def _check_splits(split_stats: dict[str, blocks.BlockStats],
-                  settings: blocks.ExampleSettings) -> None:
-  """Raises when the train split has no row; warns of an empty validation split and of NSP
-  chunks that had no other document to draw a random next segment from."""
-  for split, stats in split_stats.items():
+                  settings: blocks.ExampleSettings, warn: bool = True) -> None:
+  """Raises when the train split has no row; warns (unless not `warn`) of an empty validation
+  split and of NSP chunks that had no other document to draw a random next segment from."""
+  for split, stats in split_stats.items() if warn else ():
     if stats.random_next_to_continuation or stats.random_next_skipped:
       # A split of one document (its NSP labels all 0): say so rather than skew eval silently.
       logging.warning(
@@ -251,7 +251,7 @@ def _check_splits(split_stats: dict[str, blocks.BlockStats],
           stats.random_next_to_continuation, stats.random_next_skipped)
   if not split_stats[blocks.TRAIN].rows:
     raise ValueError(_no_training_rows(split_stats, settings))
-  if not split_stats[blocks.VALIDATION].rows:
+  if warn and not split_stats[blocks.VALIDATION].rows:
     logging.warning("prepare: %s", _empty_validation(split_stats, settings))
 
 
