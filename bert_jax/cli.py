@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from typing import Callable
 
 from absl import app, flags, logging
@@ -111,8 +112,17 @@ def _quiet_console() -> None:
   handler = logging.get_absl_handler()
   handler.setLevel(std_logging.WARNING)
   handler.addFilter(_not_orbax)
+  warnings.showwarning = _show_warning
   sys.unraisablehook = _unraisablehook
   std_logging.raiseExceptions = False  # A full disk must not print a traceback per log line.
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+  """A Python warning (a library's UserWarning, bert_jax's own) as one log line saying what it
+  is, not Python's two lines of file, line and source code."""
+  del file, line
+  logging.warning("%s: %s", category.__name__, message)
+  logging.debug("(warned at %s:%d)", filename, lineno)
 
 
 def _unraisablehook(unraisable) -> None:
