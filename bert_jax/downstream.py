@@ -502,9 +502,9 @@ def probe_devices() -> tuple[str, int]:
 def run_cost(spec: TaskSpec, config) -> float:
   """Training examples x sequence length: what a run's time grows with (for `assign_runs`)."""
   if spec.tfds_name:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-    examples = len(tfds.data_source(spec.tfds_name, split="train",
-                                    data_dir=config.data.tfds_data_dir or None))
+    from bert_jax.data import finetune as finetune_data  # pylint: disable=g-import-not-at-top
+    examples = len(finetune_data.tfds_data_source(spec.tfds_name, "train",
+                                                  config.data.tfds_data_dir or None))
   else:
     examples = storage.read_text(spec.train_file).count("\n")
   return float(examples * config.data.max_seq_length)

@@ -81,6 +81,55 @@ def encoder(tmp_path_factory) -> str:
   return weights.save_pretrained(str(directory / "pretrained"), {"bert": params}, config, vocab)
 
 
+def _local_downloads(tmp_path, monkeypatch):
+  """TFDS's download step answered with local files in the layout of GLUE's SST-2 zip and
+  SQuAD v1.1's JSON: the builders' own code then prepares them (no network)."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  sst2 = tmp_path / "downloads" / "SST-2"
+  sst2.mkdir(parents=True)
+  for split, rows in (("train", ["a b c\t1", "d e\t0", "f g h\t1"]), ("dev", ["b c\t0"])):
+    (sst2 / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+  (sst2 / "test.tsv").write_text("index\tsentence\n0\ta b\n")
+  context = "bob paid the bill ."
+  squad = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": context, "qas": [
+      {"id": "q1", "question": "who paid ?", "answers": [{"text": "bob", "answer_start": 0}]}]}]}]}
+  for name in ("train", "dev"):
+    (tmp_path / "downloads" / f"{name}-v1.1.json").write_text(json.dumps(squad))
+
+  def download_and_extract(self, resources):
+    del self
+    if isinstance(resources, dict):  # SQuAD: {"train": url, "dev": url}.
+      return {k: str(tmp_path / "downloads" / f"{k}-v1.1.json") for k in resources}
+    return str(tmp_path / "downloads")  # A GLUE task's zip, extracted.
+  monkeypatch.setattr(tfds.download.DownloadManager, "download_and_extract",
+                      download_and_extract)
+
+
+def test_the_suites_tfds_builders_prepare_with_the_requirements_installed(tmp_path,
+                                                                          monkeypatch):
+  """launch/downstream.py --suite=glue from a requirements.txt install ended in an 86-line
+  ModuleNotFoundError (importlib_resources, #37): GLUE's and SQuAD's real TFDS builders
+  prepare here (requirements-downstream.txt), and a missing module is one line naming it."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  from bert_jax.data import finetune as finetune_data  # pylint: disable=import-outside-toplevel
+  _local_downloads(tmp_path, monkeypatch)
+  data_dir = str(tmp_path / "tfds")
+  train = finetune_data.read_tfds("glue/sst2", "train", data_dir)
+  assert sorted((r[2]["text"], r[2]["label"]) for r in train) == [
+      ("a b c", "positive"), ("d e", "negative"), ("f g h", "positive")]
+  (question,) = finetune_data.read_tfds("squad/v1.1", "validation", data_dir)
+  assert question[2]["text"] == "who paid ?" and question[2]["answers"] == [
+      {"text": "bob", "answer_start": 0}]
+
+  def missing(*args, **kwargs):
+    raise ModuleNotFoundError("No module named 'importlib_resources'", name="importlib_resources")
+  monkeypatch.setattr(tfds, "data_source", missing)
+  with pytest.raises(ValueError, match=r"^TFDS dataset 'glue/cola' needs the module "
+                                       r"'importlib_resources', which is not installed: pip "
+                                       r"install -r requirements-downstream.txt$"):
+    finetune_data.read_tfds("glue/cola", "train", data_dir)
+
+
 # ------------------------------------------------------------------------------ end to end
 
 

@@ -261,20 +261,37 @@ def register_tfds_builder(name: str) -> None:
     importlib.import_module(module)
 
 
+# What TFDS's builders of the suites import beyond requirements.txt.
+TFDS_REQUIREMENTS = "requirements-downstream.txt"
+
+
+def tfds_data_source(name: str, split: str, data_dir: str | None = None):
+  """`tfds.data_source` of a registered TFDS dataset (downloaded and prepared on first use); a
+  module its builder lacks is one line naming the requirements file that installs it."""
+  import tensorflow_datasets as tfds
+  try:
+    register_tfds_builder(name)
+    # Prepared as ArrayRecord, which TFDS writes without TensorFlow (its default, TFRecord,
+    # needs it) and which random access reads.
+    return tfds.data_source(name, split=split, data_dir=data_dir,
+                            builder_kwargs={"file_format": "array_record"})
+  except ModuleNotFoundError as e:
+    module = e.name or str(e).rsplit("No module named ", 1)[-1].strip("'\" ")
+    raise ValueError(f"TFDS dataset {name!r} needs the module {module!r}, which is not "
+                     f"installed: pip install -r {TFDS_REQUIREMENTS}") from e
+
+
 def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Record]:
   """Records of a TFDS dataset through `tfds.data_source` (random access; it downloads and
   prepares the dataset in ArrayRecord format on first use, so it needs internet access then):
   GLUE tasks, imdb_reviews, squad (v1.1 layout; squad/v2.0 adds is_impossible). Class labels
   keep their TFDS names."""
-  import tensorflow_datasets as tfds
-
   key = next((k for k in _TFDS_FIELDS if name == k or name.startswith(k + ":")), None)
   if key is None:
     raise ValueError(f"TFDS dataset {name!r} has no field mapping; supported: "
                      f"{sorted(_TFDS_FIELDS)} (or export it to JSONL)")
   text_field, text_b_field = _TFDS_FIELDS[key]
-  register_tfds_builder(name)
-  source = tfds.data_source(name, split=split, data_dir=data_dir)
+  source = tfds_data_source(name, split, data_dir)
   features = source.dataset_info.features
   names = getattr(features["label"], "names", None) if "label" in features.keys() else None
   records = []
