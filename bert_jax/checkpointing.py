@@ -177,7 +177,8 @@ class Checkpointer:
   Every committed checkpoint gets a verification record (`checkpoint_integrity`); at start the
   newest checkpoint that verifies is the one resumed from. Damaged newer ones are set aside
   (renamed `<step>.damaged`, never deleted) with a warning, or stop the run when
-  `checkpoint_config.on_damaged` is "fail"; so is one that verifies but cannot be restored.
+  `checkpoint_config.on_damaged` is "fail"; so is one without a record whose files cannot be
+  read. One that does not fit the run's state (other settings) is refused, never set aside.
   All processes agree on the step (process 0 checks). Every write and wait ends in seconds with
   a `CheckpointSaveError` when storage refuses it, and honours SIGTERM/SIGINT (`stop`).
   """
