@@ -321,7 +321,11 @@ class Checkpointer:
     same_tree = tree is not None and tree_signature(tree) == tree_signature(abstract_state)
     if not recorded and (tree is None or same_tree):
       return ""
-    diffs = settings_diffs(read_meta(step_dir).get("config", {}), settings or {})
+    try:
+      saved = read_meta(step_dir).get("config", {})
+    except ValueError:  # (Its meta unreadable: the orbax error says what does not fit.)
+      saved = {}
+    diffs = settings_diffs(saved, settings or {})
     why = "it passed its integrity check" if recorded else "its saved tree is readable"
     return (f"Checkpoint {step_dir} is intact ({why}) but does not restore into this run's "
             "state: it was trained with other settings"

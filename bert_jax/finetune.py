@@ -84,7 +84,7 @@ def check_best_metric(metric: str, task: tasks.FinetuneTask) -> None:
   """config.train.best_metric names one of the task's metrics ("" = its main one): refused
   before training, not at the first evaluation."""
   names = task.metric_names()
-  if metric and metric not in names:
+  if metric and names is not None and metric not in names:
     raise ValueError(f"config.train.best_metric={metric!r} is not a metric of task {task.name!r}"
                      f"; use one of {names}")
 

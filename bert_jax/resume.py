@@ -21,7 +21,8 @@ LEGACY_LAYOUT = checkpointing.LegacyLayout(layout.holds_layout_1, layout.downgra
 def check_resumable(checkpointer: checkpointing.Checkpointer, task: Task, meta: dict[str, Any],
                     allow_vocab_change: bool) -> None:
   """Refuses a workdir whose latest checkpoint is of another task, model shape, vocabulary or
-  label list (`meta`: what this run records in its checkpoints)."""
+  label list, was trained with optimizer settings whose state does not fit this run's, or is
+  past this run's last step (`meta`: what this run records in its checkpoints)."""
   latest = checkpointer.latest_step()
   if latest is None:
     return
@@ -31,9 +32,6 @@ def check_resumable(checkpointer: checkpointing.Checkpointer, task: Task, meta: 
   if saved_task != task.name:
     raise ValueError(f"{where} is a checkpoint of task {saved_task!r}, this run is "
                      f"{task.name!r}; use another --workdir")
-  check_steps(latest, meta.get("config", {}), where)
-  check_state_settings(saved.get("config", {}), meta.get("config", {}), where,
-                       checkpointer.workdir)
   checkpointing.check_compatible(saved["model_config"], meta["model_config"],
                                  checkpointer.directory)
   checkpointing.check_same_vocab(saved.get("vocab_fingerprint"), meta.get("vocab_fingerprint"),
@@ -51,6 +49,10 @@ def check_resumable(checkpointer: checkpointing.Checkpointer, task: Task, meta: 
     raise ValueError(f"{where} was trained with vocab_pad_multiple={saved_multiple}, this run's "
                      f"config.model.vocab_pad_multiple is {model_config.vocab_pad_multiple}; set "
                      f"it to {saved_multiple} to resume")
+  # Then what this run would do with it: its optimizer state must fit, and it must train on.
+  check_state_settings(saved.get("config", {}), meta.get("config", {}), where,
+                       checkpointer.workdir)
+  check_steps(latest, meta.get("config", {}), where)
 
 
 def check_steps(latest: int, config: dict[str, Any], where: str) -> None:

@@ -360,7 +360,8 @@ def test_fill_mask_of_an_mlm_only_checkpoint_warns_of_nothing(tmp_path, caplog):
     assert len(predict.fill_mask(directory, "the [MASK] sat", top_k=2)[0]) == 2
   assert not caught, [str(w.message) for w in caught]
   with caplog.at_level("WARNING"):
-    cli._show_warning(UserWarning("a thing to know"), UserWarning, "x.py", 3)  # pylint: disable=protected-access
+    show = cli._show_warning  # pylint: disable=protected-access
+    show(UserWarning("a thing to know"), UserWarning, "x.py", 3)
   assert [r.getMessage() for r in caplog.records] == ["UserWarning: a thing to know"]
 
 

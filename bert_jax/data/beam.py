@@ -372,10 +372,9 @@ def _workers_output_to(path: str | None) -> Iterator[None]:
 def _workers_log(options: PipelineOptions, runner: str) -> str | None:
   """Where DirectRunner's local worker processes write their output (a file in $TMPDIR), or
   None when it runs none (in-process modes, other runners: remote workers)."""
-  from apache_beam.options.pipeline_options import DirectOptions  # pylint: disable=g-import-not-at-top
   if runner != "DirectRunner":
     return None
-  if options.view_as(DirectOptions).direct_running_mode != "multi_processing":
+  if options.view_as(pipeline_options.DirectOptions).direct_running_mode != "multi_processing":
     return None
   return os.path.join(tempfile.gettempdir(), f"bert_jax_beam_workers_{os.getpid()}.log")
 

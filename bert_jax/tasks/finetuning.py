@@ -224,10 +224,14 @@ class FinetuneTask(Task):
   def main_metric(self) -> str:
     raise NotImplementedError
 
-  def metric_names(self) -> list[str]:
+  def metric_names(self) -> list[str] | None:
     """What an evaluation reports, so that config.train.best_metric is checked before training:
     the loss and the task's scores of no examples (their names do not depend on the data; a
-    task whose scores do adds those names)."""
+    task whose scores do adds those names). None when the task cannot score no examples (a
+    task of a user's: its metric is then checked at the first evaluation)."""
     with warnings.catch_warnings():
       warnings.simplefilter("ignore")  # Means of nothing.
-      return sorted({"loss", *self.score([], TaskData("", {}, []))})
+      try:
+        return sorted({"loss", *self.score([], TaskData("", {}, []))})
+      except Exception:  # pylint: disable=broad-except  (a score that needs examples)
+        return None

@@ -600,7 +600,7 @@ class QATask(FinetuneTask):
 
   def metric_names(self) -> list[str]:
     names = super().metric_names()
-    if not self.settings.version_2_with_negative:
+    if names is None or not self.settings.version_2_with_negative:
       return names
     # squad_v2_scores names these only when the questions include that kind.
     return sorted({*names, "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1"})
