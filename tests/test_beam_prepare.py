@@ -130,6 +130,8 @@ def test_a_full_disk_is_one_line_and_keeps_nothing(corpus_files, tmp_path):
           f"Could not write the dataset in {output}: No space left on device"), message
       assert "Nothing of it was kept" in message and not os.path.exists(output)
       assert ("[while running 'WriteBlocks']" in message) == (holds is not None), message
+      assert not glob.glob(os.path.join(tempfile.gettempdir(),
+                                        f"bert_jax_beam_workers_{os.getpid()}*"))
       shutil.rmtree(disk / "vocab", ignore_errors=True)
   finally:
     subprocess.run(["umount", "-l", str(disk)], check=False)

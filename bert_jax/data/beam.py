@@ -369,9 +369,21 @@ def _workers_output_to(path: str | None) -> Iterator[None]:
     os.close(terminal)
 
 
+def _drop_workers_log(path: str | None, keep_tail: bool) -> None:
+  """Removes the workers' output file; after a failure its last lines go to the log (INFO:
+  `-v 0` shows them) first (the error itself is reported in one line)."""
+  if path is None or not os.path.exists(path):
+    return
+  if keep_tail:
+    with open(path, errors="replace") as f:
+      logging.info("prepare: the Beam workers' last output:\n%s", "".join(f.readlines()[-40:]))
+  os.remove(path)
+
+
 def _workers_log(options: PipelineOptions, runner: str) -> str | None:
-  """Where DirectRunner's local worker processes write their output (a file in $TMPDIR), or
-  None when it runs none (in-process modes, other runners: remote workers)."""
+  """Where DirectRunner's local worker processes write their output (a file in $TMPDIR, removed
+  after the run), or None when it runs none (in-process modes, other runners: remote
+  workers)."""
   if runner != "DirectRunner":
     return None
   if options.view_as(pipeline_options.DirectOptions).direct_running_mode != "multi_processing":
@@ -428,15 +440,13 @@ def prepare_dataset(output_dir: str, paths: Sequence[str], input_format: str, vo
       build_pipeline(pipeline, paths, input_format, vocab, settings, output_dir,
                      corpus_fingerprint)
   except BaseException as error:
-    if workers_log is not None and os.path.exists(workers_log):
-      logging.info("prepare: the Beam workers' output is in %s", workers_log)
+    _drop_workers_log(workers_log, keep_tail=True)
     _remove_failed(output_dir, existed)
     reported = _one_line_error(error, output_dir)
     if reported is None:
       raise
     raise reported from error
-  if workers_log is not None and os.path.exists(workers_log):
-    os.remove(workers_log)  # They went well: nothing in it to keep.
+  _drop_workers_log(workers_log, keep_tail=False)
   meta = prepare.load_meta(output_dir)
   _warn_of_splits(meta, settings)
   train = meta["splits"][blocks.TRAIN]
