@@ -177,7 +177,8 @@ class Checkpointer:
   Every committed checkpoint gets a verification record (`checkpoint_integrity`); at start the
   newest checkpoint that verifies is the one resumed from. Damaged newer ones are set aside
   (renamed `<step>.damaged`, never deleted) with a warning, or stop the run when
-  `checkpoint_config.on_damaged` is "fail"; so is one that verifies but cannot be restored.
+  `checkpoint_config.on_damaged` is "fail"; so is one without a record whose files cannot be
+  read. One that does not fit the run's state (other settings) is refused, never set aside.
   All processes agree on the step (process 0 checks). Every write and wait ends in seconds with
   a `CheckpointSaveError` when storage refuses it, and honours SIGTERM/SIGINT (`stop`).
   """
@@ -266,13 +267,15 @@ class Checkpointer:
   def read_meta(self, step: int) -> dict[str, Any]:
     return read_meta(storage.join(self.directory, str(step)))
 
-  def restore(self, abstract_state, legacy: "LegacyLayout | None" = None
-              ) -> tuple[int, Any, bytes] | None:
+  def restore(self, abstract_state, legacy: "LegacyLayout | None" = None,
+              settings: dict[str, Any] | None = None) -> tuple[int, Any, bytes] | None:
     """-> (step, state with the shardings of `abstract_state`, this process's iterator state) of
-    the newest checkpoint that restores, or None when there is none. A checkpoint that verified
-    (or had no record) but cannot be read is damaged too: set aside, and the next one tried.
-    A checkpoint whose state is in an older params layout (`legacy.is_old`) is read in that
-    layout and converted."""
+    the newest checkpoint that restores, or None when there is none. A checkpoint that does not
+    fit this run's state (another optimizer, clipping...: its tree differs, or it verified
+    intact) is refused, naming the fields of `settings` (this run's config) that differ from
+    its run's, and left as it is; only one without a verification record whose files cannot be
+    read is damaged: set aside, and the next one tried. A checkpoint whose state is in an older
+    params layout (`legacy.is_old`) is read in that layout and converted."""
     while self._resume_step is not None:
       step, state = self._resume_step, None
       try:
@@ -284,6 +287,12 @@ class Checkpointer:
       if not _any_process(bool(error)):
         return step, state, self._read_data_state(step)
       step_dir = storage.join(self.directory, str(step))
+      refusal = ""
+      if jax.process_index() == 0:
+        refusal = self._refusal(step, abstract_state, legacy, settings, error)
+      refusal = _from_process_0(refusal)
+      if refusal:
+        raise ValueError(refusal)
       reason = f"it cannot be restored ({error or 'on another process'})"
       if self.on_damaged == "fail":
         raise ValueError(f"Checkpoint {step_dir} is damaged: {reason}. With "
@@ -295,6 +304,35 @@ class Checkpointer:
       self._resume_step = _select_step(self.directory, self.on_damaged)
       self.manager.reload()  # orbax's own list of steps, without the one set aside.
     return None
+
+  def _refusal(self, step: int, abstract_state, legacy: "LegacyLayout | None",
+               settings: dict[str, Any] | None, error: str) -> str:
+    """Why checkpoint `step`, which failed to restore, is not damage but another run's state
+    ("" when it is damage: no verification record, and its saved tree is unreadable or is the
+    one this run expects, so its files are what failed)."""
+    step_dir = storage.join(self.directory, str(step))
+    recorded = storage.exists(storage.join(step_dir, checkpoint_integrity.MANIFEST_FILE))
+    try:
+      tree = saved_tree(storage.join(step_dir, "state"))
+    except Exception:  # pylint: disable=broad-except  (unreadable metadata: damage)
+      tree = None
+    if legacy is not None and tree is not None and legacy.is_old(tree):
+      abstract_state = legacy.to_old(abstract_state)
+    same_tree = tree is not None and tree_signature(tree) == tree_signature(abstract_state)
+    if not recorded and (tree is None or same_tree):
+      return ""
+    try:
+      saved = read_meta(step_dir).get("config", {})
+    except ValueError:  # (Its meta unreadable: the orbax error says what does not fit.)
+      saved = {}
+    diffs = settings_diffs(saved, settings or {})
+    why = "it passed its integrity check" if recorded else "its saved tree is readable"
+    return (f"Checkpoint {step_dir} is intact ({why}) but does not restore into this run's "
+            "state: it was trained with other settings"
+            + (f" ({'; '.join(diffs)})" if diffs else f" ({error})")
+            + ". Resume with the settings it was trained with (its config is in "
+            f"{step_dir}/meta), or start a new --workdir from its weights with "
+            f"--config.init_from={self.workdir}; the checkpoints are left as they are")
 
   def _restore_state(self, step: int, abstract_state, legacy: "LegacyLayout | None"):
     """The state of checkpoint `step`, in the layout and shardings of `abstract_state`."""
@@ -335,6 +373,54 @@ class Checkpointer:
     _close(self.wait_until_finished, self.manager)
 
 
+def _from_process_0(text: str) -> str:
+  """Process 0's `text` on every process."""
+  if jax.process_count() == 1:
+    return text
+  padded = np.frombuffer(text.encode().ljust(4096)[:4096], np.uint8)
+  return np.asarray(multihost_utils.broadcast_one_to_all(padded)).tobytes().decode(
+      errors="ignore").strip()
+
+
+def tree_signature(tree) -> Any:
+  """A state's tree as orbax saves it, for comparison: mappings (dicts, dataclasses, named
+  tuples) as dicts, sequences as lists, arrays as their shapes, empty nodes (optax's
+  EmptyState, None) as None. The saved tree (orbax metadata) and an abstract state compare."""
+  if hasattr(tree, "shape") and not isinstance(tree, (dict, list, tuple)):
+    return tuple(tree.shape)
+  if dataclasses.is_dataclass(tree):
+    tree = {f.name: getattr(tree, f.name) for f in dataclasses.fields(tree)}
+  elif isinstance(tree, tuple) and hasattr(tree, "_fields"):
+    tree = tree._asdict()
+  if hasattr(tree, "keys"):
+    return {str(k): tree_signature(tree[k]) for k in tree.keys()} or None
+  if isinstance(tree, (list, tuple)):
+    return [tree_signature(x) for x in tree] or None
+  return None
+
+
+def _flat_config(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+  flat = {}
+  for key, value in config.items():
+    if isinstance(value, dict):
+      flat.update(_flat_config(value, f"{prefix}{key}."))
+    else:
+      flat[f"{prefix}{key}"] = value
+  return flat
+
+
+def settings_diffs(saved: dict[str, Any], config: dict[str, Any]) -> list[str]:
+  """The config fields (sections of model and train first) whose value differs between a
+  checkpoint's run (`saved`) and this one, as "train.optimizer: checkpoint 'lamb', this run
+  'adamw'"; the run's length (num_train_steps) is left out, as resuming often changes it."""
+  saved_flat, flat = _flat_config(to_json(saved)), _flat_config(to_json(config))
+  names = sorted((n for n in saved_flat.keys() & flat.keys()
+                  if saved_flat[n] != flat[n] and n != "train.num_train_steps"),
+                 key=lambda n: (not n.startswith(("train.", "model.")), n))
+  shown = [f"{n}: checkpoint {saved_flat[n]!r}, this run {flat[n]!r}" for n in names[:6]]
+  return shown + ([f"and {len(names) - 6} more"] if len(names) > 6 else [])
+
+
 def _any_process(flag: bool) -> bool:
   """True when `flag` is set on any process."""
   if jax.process_count() == 1:
@@ -362,7 +448,13 @@ def _verified_step(directory: str, on_damaged: str) -> int:
   """The newest committed checkpoint that verifies (-1: none committed, -2: none verifies).
   A save the run never finished (in a bucket: a step directory without orbax's commit marker;
   locally a temporary directory) is not a checkpoint: orbax removes it at start."""
-  steps = [int(n) for n in storage.listdir(directory) if n.isdigit()]
+  names = storage.listdir(directory)
+  steps = [step for step in map(step_of, names) if step is not None]
+  stray = sorted(n for n in names if step_of(n) is None and not _OWN_NAME.fullmatch(n))
+  if stray:
+    logging.warning("Ignoring %s in %s: not checkpoint steps (a step is a directory named by "
+                    "its number); move them out of the way to silence this", ", ".join(
+                        repr(n) for n in stray), directory)
   for step in steps:
     _check_inside(directory, storage.join(directory, str(step)))
   steps = sorted(s for s in steps if is_committed(storage.join(directory, str(s))))
@@ -377,6 +469,19 @@ def _verified_step(directory: str, on_damaged: str) -> int:
                        "newest intact checkpoint instead")
     _set_aside(step_dir, reason)
   return -2 if steps else -1
+
+
+# What else checkpoints/ holds by bert_jax's and orbax's doing: checkpoints set aside as
+# damaged, and orbax's temporary directories of a save in flight (removed at start).
+_OWN_NAME = re.compile(r"\d+\.damaged(\.\d+)?|.*\.orbax-checkpoint-tmp.*")
+
+
+def step_of(name: str) -> int | None:
+  """The step of a checkpoint directory's name, or None for any other name: orbax names a step
+  by its number in ASCII digits ("12"; not "012", "１２" or "²", which `str.isdigit` accepts)."""
+  if name.isascii() and name.isdigit() and str(int(name)) == name:
+    return int(name)
+  return None
 
 
 def _check_inside(directory: str, step_dir: str) -> None:
@@ -454,8 +559,8 @@ def is_committed(step_dir: str) -> bool:
 
 
 def _complete_steps(directory: str) -> list[int]:
-  return sorted(int(n) for n in storage.listdir(directory)
-                if n.isdigit() and is_committed(storage.join(directory, n)))
+  steps = (step_of(n) for n in storage.listdir(directory))
+  return sorted(s for s in steps if s is not None and is_committed(storage.join(directory, str(s))))
 
 
 def find_step_dir(path: str) -> str | None:

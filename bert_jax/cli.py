@@ -17,6 +17,7 @@ import os
 import signal
 import sys
 import threading
+import warnings
 from typing import Callable
 
 from absl import app, flags, logging
@@ -111,8 +112,17 @@ def _quiet_console() -> None:
   handler = logging.get_absl_handler()
   handler.setLevel(std_logging.WARNING)
   handler.addFilter(_not_orbax)
+  warnings.showwarning = _show_warning
   sys.unraisablehook = _unraisablehook
   std_logging.raiseExceptions = False  # A full disk must not print a traceback per log line.
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+  """A Python warning (a library's UserWarning, bert_jax's own) as one log line saying what it
+  is, not Python's two lines of file, line and source code."""
+  del file, line
+  logging.warning("%s: %s", category.__name__, message)
+  logging.debug("(warned at %s:%d)", filename, lineno)
 
 
 def _unraisablehook(unraisable) -> None:
@@ -181,8 +191,9 @@ def _report(message: str) -> None:
 
 
 def _exit_at_once(status: int) -> None:
-  """Ends the process without joining its threads: a signal stopped a write that is stuck in
-  storage, and the interpreter's exit would wait for it. The log file gets 2 s."""
+  """Ends the process without joining its threads or tearing the interpreter down: a signal
+  stopped a write that is stuck in storage (the interpreter's exit would wait for it), or a
+  compile whose threads are still running. The log file gets 2 s."""
   closer = threading.Thread(target=close_log_file, daemon=True)
   closer.start()
   closer.join(2.0)
@@ -241,8 +252,9 @@ def run(main: Callable[[], None], *, multi_host: bool = False, after_interrupt: 
       if isinstance(e, KeyboardInterrupt):  # The cleanup it ran on its way up is done.
         _report("interrupted (SIGINT); what was being written is not kept"
                 + (f" ({after_interrupt})" if after_interrupt else ""))
-        close_log_file()
-        sys.exit(128 + signal.SIGINT)
-      _report(_one_line(e))
-      _exit_at_once(e.exit_status)
+      else:
+        _report(_one_line(e))
+      # Not the interpreter's teardown: a SIGINT during a compile leaves XLA's compile threads
+      # running, and tearing down the modules under them segfaulted (exit 139 after this line).
+      _exit_at_once(128 + signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.exit_status)
   app.run(absl_main, flags_parser=_parse_flags)

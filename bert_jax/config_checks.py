@@ -11,8 +11,10 @@ every field has passed, so they may rely on types and ranges.
 
 Ranges refuse what is broken, not what is unusual. Examples of the decisions (see the code that
 reads each field):
-- warmup_steps may exceed num_train_steps: both schedules stay defined (the learning rate is
-  still rising at the last step), and short test runs do exactly that.
+- warmup_steps may exceed num_train_steps with schedules "bert" and "warmup_linear": they stay
+  defined (the learning rate is still rising at the last step), and short test runs do exactly
+  that. Schedule "wsd" is chosen for its stable phase at the peak: a warmup past the decay's
+  start is refused.
 - 0 means something for eval_every_steps (the last step only), eval_max_batches (the whole
   split), save_every_steps (only the last step and a SIGTERM save), max_grad_norm (no clipping),
   builtin_max_mb (all of the corpus), num_workers (read in the main process), prefetch (no batch
@@ -48,6 +50,9 @@ ON_DAMAGED = ("fallback", "fail")  # checkpointing.py
 DATA_FORMATS = ("auto", "jsonl", "csv")  # finetune_data.py
 # grain's shuffle and numpy's generators take seeds in [0, 2**32).
 MAX_SEED = 2**32 - 1
+# Steps, sizes and counts end up in int32 arrays and XLA's int32 shapes and loop bounds: a
+# larger one overflowed deep inside JAX (OverflowError). An explicit `high` may be lower.
+MAX_INT32 = 2**31 - 1
 # Every vocabulary has [PAD], [UNK], [CLS], [SEP] and [MASK]; masking needs one more piece.
 MIN_VOCAB_SIZE = 6
 
@@ -69,12 +74,15 @@ def _note(meaning: str) -> str:
 
 
 def integer(low: int, meaning: str = "", high: int | None = None) -> Check:
-  """An int >= `low` (and <= `high`); `meaning` says what the smallest values mean."""
+  """An int >= `low` and <= `high` (default: the int32 range every count lives in); `meaning`
+  says what the smallest values mean."""
   bound = f">= {low}" if high is None else f"in [{low}, {high}]"
 
   def check(value: Any) -> str | None:
-    if _is_int(value) and value >= low and (high is None or value <= high):
+    if _is_int(value) and value >= low and value <= (high if high is not None else MAX_INT32):
       return None
+    if high is None and _is_int(value) and value > MAX_INT32:
+      return f"must be an integer <= {MAX_INT32} (steps, sizes and counts are int32)"
     return f"must be an integer {bound}{_note(meaning)}"
   return check
 
@@ -140,9 +148,10 @@ def profile_window() -> Check:
   """(start, count) of non-negative ints: reporting.Profiler."""
   def check(value: Any) -> str | None:
     if (isinstance(value, (tuple, list)) and len(value) == 2
-        and all(_is_int(x) and x >= 0 for x in value)):
+        and all(_is_int(x) and 0 <= x <= MAX_INT32 for x in value)):
       return None
-    return "must be a pair (start, count) of integers >= 0 (count 0: no profile)"
+    return (f"must be a pair (start, count) of integers in [0, {MAX_INT32}] (count 0: no "
+            "profile)")
   return check
 
 
@@ -474,6 +483,23 @@ def _span_warmup_is_mlm(config) -> str | None:
   return None
 
 
+def _wsd_warmup_ends_before_the_decay(config) -> str | None:
+  # Warmup overrides the rest of the schedule: a warmup past the decay's start never reaches
+  # the peak, and the stable phase the schedule is chosen for never happens.
+  train = config.train
+  if train.schedule != "wsd":
+    return None
+  decay = optimizer.wsd_decay_steps(train.decay_fraction, train.num_train_steps)
+  stable_end = train.num_train_steps - decay
+  if train.warmup_steps > stable_end:
+    return (f"config.train.warmup_steps={train.warmup_steps} runs past the start of schedule "
+            f"'wsd''s decay at step {stable_end} (num_train_steps {train.num_train_steps} less "
+            f"{decay} decay steps, decay_fraction {train.decay_fraction:g}): the learning rate "
+            f"would never reach its peak; use warmup_steps <= {stable_end} or a smaller "
+            "decay_fraction")
+  return None
+
+
 def _replacements_sum_to_at_most_one(config) -> str | None:
   masking = config.masking
   total = masking.mask_token_prob + masking.random_token_prob
@@ -537,13 +563,14 @@ PRETRAINING_RELATIONS: tuple[Relation, ...] = (
     _heads_divide_width, _length_fits_positions, _predictions_cover_a_row,
     _replacements_sum_to_at_most_one, _microbatches_divide_batch, _one_inferred_mesh_axis,
     _prepared_needs_dataset_dir, _builtin_needs_validation, _local_layers_have_a_pattern,
-    _window_fits_a_row, _span_warmup_is_mlm, _splash_blocks_divide_a_row)
+    _window_fits_a_row, _span_warmup_is_mlm, _splash_blocks_divide_a_row,
+    _wsd_warmup_ends_before_the_decay)
 
 FINETUNING_RELATIONS: tuple[Relation, ...] = (
     _heads_divide_width, _local_layers_have_a_pattern, _scratch_length_fits_positions,
     _microbatches_divide_batch,
     _one_inferred_mesh_axis, _scratch_needs_vocab, _regression_is_classification,
-    _one_training_source, _splash_blocks_divide_a_row)
+    _one_training_source, _splash_blocks_divide_a_row, _wsd_warmup_ends_before_the_decay)
 
 
 # ---------------------------------------------------------------------------------- entry

@@ -14,8 +14,11 @@ the original recipe, and one table of dev scores.
   tasks' from final_eval.json. A run whose final_eval.json is there is never trained again, and
   one whose scores are there is skipped: a killed suite restarts at its first unfinished run.
   Each run records the settings it learns from (`downstream_settings.json`: every field of
-  `SETTINGS_SECTIONS`); a restart whose settings differ for any run is refused in one line
-  before anything runs (`check_settings`), so no table mixes runs of two settings.
+  `SETTINGS_SECTIONS`, and the encoder by its content: `encoder_identity`); a restart whose
+  settings differ for any run is refused in one line before anything runs (`check_settings`),
+  so no table mixes runs of two settings, and runs made from another encoder at the same
+  --checkpoint path (trained further) are kept under another name and run again
+  (`set_aside_other_encoders`).
 - Devices: with `--devices_per_run=N` the local devices are split into groups of N
   (`device_groups`) and the runs spread over them, longest first onto the least loaded group
   (`assign_runs`); each group runs its share in a process that sees only its devices
@@ -28,6 +31,7 @@ the original recipe, and one table of dev scores.
 
 import copy
 import dataclasses
+import hashlib
 import json
 import os
 import subprocess
@@ -150,12 +154,37 @@ def parse_options(checkpoint: str, suite: str, tasks: Sequence[str], learning_ra
     raise ValueError(f"--devices_per_run={devices_per_run}: must be >= 0 (0: all devices)")
   if not output_dir:
     raise ValueError("--output_dir is empty: where the runs and the results go")
-  group = None
-  if run_group:
-    index, count = (int(x) for x in run_group.split("/"))
-    group = (index, count)
-  return Options(check_checkpoint(checkpoint), suite, tasks, parse_learning_rates(learning_rates),
-                 seeds, storage.absolute(output_dir), devices_per_run, group)
+  checkpoint = check_checkpoint(checkpoint)
+  from bert_jax.weights import files  # pylint: disable=g-import-not-at-top
+  files.check_apart(storage.absolute(output_dir), {"the encoder's workdir (--checkpoint)":
+                                                   encoder_root(checkpoint)}, "--output_dir")
+  return Options(checkpoint, suite, tasks, parse_learning_rates(learning_rates), seeds,
+                 storage.absolute(output_dir), devices_per_run, parse_run_group(run_group))
+
+
+def encoder_root(checkpoint: str) -> str:
+  """The directory that holds the encoder: its workdir for a checkpoint's step directory
+  (`<workdir>/checkpoints/<step>`, `<workdir>/best/<step>`), the directory of a TF checkpoint
+  prefix, else the path itself. The suite's output never goes there: the encoder's own run
+  would rotate or overwrite it, and it the encoder's files."""
+  from bert_jax import checkpointing  # pylint: disable=g-import-not-at-top
+  parent = os.path.dirname(checkpoint.rstrip("/"))
+  if storage.isdir(storage.join(checkpoint, "meta")) and storage.basename(parent) in (
+      checkpointing.CHECKPOINTS_DIR, checkpointing.BEST_DIR):
+    return os.path.dirname(parent)
+  return checkpoint if storage.isdir(checkpoint) else parent
+
+
+def parse_run_group(text: str) -> tuple[int, int] | None:
+  """--run_group=index/count (set by the suite for a device group's process), or None."""
+  if not text:
+    return None
+  parts = text.split("/")
+  if len(parts) != 2 or not all(p.isascii() and p.isdigit() for p in parts) or not (
+      0 <= int(parts[0]) < int(parts[1])):
+    raise ValueError(f"--run_group={text}: expected index/count with 0 <= index < count, e.g. "
+                     "0/2 (the suite sets it for its device groups' processes)")
+  return int(parts[0]), int(parts[1])
 
 
 def select_tasks(options: Options) -> list[TaskSpec]:
@@ -257,14 +286,60 @@ def run_settings(config) -> dict[str, Any]:
   return json.loads(json.dumps(flat))
 
 
+def encoder_identity(path: str) -> dict[str, Any]:
+  """The encoder at `path` by its content, which runs are keyed by (an encoder trained further
+  at the same path is another encoder): {"encoder.step": its checkpoint's step (None for a
+  directory of weights), "encoder.fingerprint": SHA-256 of its files' sizes and checksums (of a
+  training checkpoint's verification record, when it has one: nothing more is read)}."""
+  # pylint: disable-next=g-import-not-at-top
+  from bert_jax import checkpoint_integrity, checkpointing, weights
+  step, files = None, None
+  if storage.isdir(path):
+    if weights.detect_format(path) == "training":  # The checkpoint `config.init_from` reads.
+      step_dir = checkpointing.find_step_dir(path)
+      step, path = checkpointing.step_of(storage.basename(step_dir)), step_dir
+      record = storage.join(step_dir, checkpoint_integrity.MANIFEST_FILE)
+      if storage.isfile(record):
+        files = json.loads(storage.read_text(record))["files"]
+    if files is None:
+      files = storage.describe_files(path)
+  else:  # A TF checkpoint prefix: <prefix>.index, <prefix>.data-*.
+    parent, prefix = os.path.dirname(path), os.path.basename(path) + "."
+    files = {name: found for name, found in storage.describe_files(parent).items()
+             if name.startswith(prefix) and "/" not in name}
+  digest = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+  return {"encoder.step": step, "encoder.fingerprint": digest}
+
+
+def set_aside_other_encoders(runs: Sequence[Run], output_dir: str,
+                             encoder: dict[str, Any]) -> None:
+  """Runs of --output_dir made from another encoder (another checkpoint at the same
+  --checkpoint path: trained further, replaced) are kept under another name
+  (`<run>.encoder-step<s>-<fingerprint>`) and run again, not tabulated as this encoder's."""
+  for run in runs:
+    run_dir = run.workdir(output_dir)
+    recorded = _read_json(storage.join(run_dir, SETTINGS_FILE))
+    old = {key: (recorded or {}).get(key) for key in encoder}
+    if recorded is None or old["encoder.fingerprint"] in (None, encoder["encoder.fingerprint"]):
+      continue  # (Runs recorded before encoders were: compared by their settings alone.)
+    aside = (f"{run_dir}.encoder-step{old['encoder.step']}-"
+             f"{old['encoder.fingerprint'][:12]}")
+    _say(f"{run.task} {run.name}: made from another encoder at {run_dir} (step "
+         f"{old['encoder.step']}, this one's {encoder['encoder.step']}); kept as "
+         f"{storage.basename(aside)}, and run again")
+    storage.rename(run_dir, aside)
+
+
 def check_settings(runs: Sequence[Run], configs: dict[Run, Any], output_dir: str) -> None:
   """Refuses (one line, before anything runs) an --output_dir whose runs were made with other
-  settings: their scores would be tabulated as this command's."""
+  settings: their scores would be tabulated as this command's. (The encoder's identity is
+  `set_aside_other_encoders`'.)"""
   for run in runs:
     run_dir = run.workdir(output_dir)
     recorded = _read_json(storage.join(run_dir, SETTINGS_FILE))
     if recorded is None:
       continue
+    recorded = {k: v for k, v in recorded.items() if not k.startswith("encoder.")}
     current = run_settings(configs[run])
     changed = [f"{k}={recorded.get(k, '(unset)')!r} there, {current.get(k, '(unset)')!r} now"
                for k in sorted(set(recorded) | set(current)) if recorded.get(k) != current.get(k)]
@@ -301,8 +376,10 @@ def task_run_scores(summary: dict[str, Any]) -> dict[str, float]:
   return {k: v for k, v in best.items() if k != "step" and isinstance(v, (int, float))}
 
 
-def run_one(spec: TaskSpec, run: Run, config, output_dir: str, position: str) -> bool:
-  """Trains (or resumes) and scores one run, unless done. -> False when a signal stopped it."""
+def run_one(spec: TaskSpec, run: Run, config, output_dir: str, position: str,
+            encoder: dict[str, Any]) -> bool:
+  """Trains (or resumes) and scores one run, unless done. -> False when a signal stopped it.
+  `encoder`: its identity (`encoder_identity`), recorded with the run's settings."""
   import jax  # pylint: disable=g-import-not-at-top
   from bert_jax import cli, finetune, workdir_lock  # pylint: disable=g-import-not-at-top
   run_dir = run.workdir(output_dir)
@@ -313,7 +390,7 @@ def run_one(spec: TaskSpec, run: Run, config, output_dir: str, position: str) ->
   with workdir_lock.hold(run_dir):  # One run per workdir, here or in another group.
     settings = storage.join(run_dir, SETTINGS_FILE)
     if not storage.isfile(settings):
-      storage.write_text(settings, json.dumps(run_settings(config), indent=2))
+      storage.write_text(settings, json.dumps({**run_settings(config), **encoder}, indent=2))
     summary = finished(run_dir)
     if summary is None:
       _say(f"{label}: fine-tuning in {run_dir}")
@@ -337,13 +414,14 @@ def run_one(spec: TaskSpec, run: Run, config, output_dir: str, position: str) ->
 
 
 def execute(specs: Sequence[TaskSpec], runs: Sequence[Run], configs: dict[Run, Any],
-            output_dir: str) -> bool:
+            output_dir: str, encoder: dict[str, Any]) -> bool:
   """`runs` one after another in this process. -> False when a signal stopped one."""
   by_name = {spec.name: spec for spec in specs}
   if any(spec.tfds_name.startswith("glue/") for spec in specs):
     suites.register_tfds_builders()
   for i, run in enumerate(runs):
-    if not run_one(by_name[run.task], run, configs[run], output_dir, f"[{i + 1}/{len(runs)}]"):
+    if not run_one(by_name[run.task], run, configs[run], output_dir, f"[{i + 1}/{len(runs)}]",
+                   encoder):
       _say(f"{run.task} {run.name}: stopped by a signal; the suite stops here (a restart "
            "resumes it from this run's checkpoint)")
       return False
@@ -424,9 +502,9 @@ def probe_devices() -> tuple[str, int]:
 def run_cost(spec: TaskSpec, config) -> float:
   """Training examples x sequence length: what a run's time grows with (for `assign_runs`)."""
   if spec.tfds_name:
-    import tensorflow_datasets as tfds  # pylint: disable=g-import-not-at-top
-    examples = len(tfds.data_source(spec.tfds_name, split="train",
-                                    data_dir=config.data.tfds_data_dir or None))
+    from bert_jax.data import finetune as finetune_data  # pylint: disable=g-import-not-at-top
+    examples = len(finetune_data.tfds_data_source(spec.tfds_name, "train",
+                                                  config.data.tfds_data_dir or None))
   else:
     examples = storage.read_text(spec.train_file).count("\n")
   return float(examples * config.data.max_seq_length)
@@ -554,9 +632,11 @@ def collect(runs: Sequence[Run], output_dir: str) -> dict[Run, dict]:
   return records
 
 
-def write_results(options: Options, specs: Sequence[TaskSpec], runs: Sequence[Run]) -> dict:
+def write_results(options: Options, specs: Sequence[TaskSpec], runs: Sequence[Run],
+                  encoder: dict[str, Any]) -> dict:
   results = summarize(options.suite, options.checkpoint, specs, collect(runs, options.output_dir),
                       options.learning_rates, options.seeds)
+  results["encoder"] = encoder
   storage.write_text(storage.join(options.output_dir, RESULTS_JSON), json.dumps(results, indent=2))
   table = markdown(results)
   storage.write_text(storage.join(options.output_dir, RESULTS_MD), table)
@@ -579,11 +659,14 @@ def run_suite(options: Options, base_config, overrides: dict[str, Any],
              for run in runs}
   for run in runs:  # Every run's config, before anything is written.
     config_checks.check_finetuning(configs[run])
+  encoder = encoder_identity(options.checkpoint)
+  if options.run_group is None:  # (A group's process: its parent has done it.)
+    set_aside_other_encoders(runs, options.output_dir, encoder)
   check_settings(runs, configs, options.output_dir)
   if options.run_group is not None:
     index, count = options.run_group
     share = spread(specs, runs, configs, count)[index]
-    execute(specs, share, configs, options.output_dir)
+    execute(specs, share, configs, options.output_dir, encoder)
     return None
   groups, platform = [()], ""
   if options.devices_per_run:
@@ -595,9 +678,9 @@ def run_suite(options: Options, base_config, overrides: dict[str, Any],
   failed = []
   if len(groups) > 1:
     failed = run_groups(groups, platform, argv)
-  elif not execute(specs, runs, configs, options.output_dir):
+  elif not execute(specs, runs, configs, options.output_dir, encoder):
     return None
-  results = write_results(options, specs, runs)
+  results = write_results(options, specs, runs, encoder)
   if failed:
     raise ValueError("; ".join(failed) + " (the finished runs are kept and tabulated; a "
                      "restart runs the others)")

@@ -49,6 +49,8 @@ def check(config) -> None:
   field), before the workdir is touched or anything is compiled."""
   config_checks.check_finetuning(config)
   programs.check_batch_sizes(config, sharding.make_mesh(config.mesh))
+  # The head size is the encoder's, checked once it is loaded (programs.check_mesh).
+  model_lib.check_attention_impl(config.model.attention_impl, config.model.dtype)
 
 
 def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
@@ -61,6 +63,7 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   labels = task_class.labels_from(train_records, config)
   task = task_class(encoder.config,
                     task_class.settings_class.from_config(config, labels, encoder.config))
+  check_best_metric(config.train.best_metric, task)
   initial = _with_task_head(encoder, task)
   train_data = task.encode(train_records, encoder.vocab, is_training=True)
   validation = task.encode(validation_records, encoder.vocab) if validation_records else None
@@ -87,6 +90,15 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   return {**summary, "state": result["state"]}
 
 
+def check_best_metric(metric: str, task: tasks.FinetuneTask) -> None:
+  """config.train.best_metric names one of the task's metrics ("" = its main one): refused
+  before training, not at the first evaluation."""
+  names = task.metric_names()
+  if metric and names is not None and metric not in names:
+    raise ValueError(f"config.train.best_metric={metric!r} is not a metric of task {task.name!r}"
+                     f"; use one of {names}")
+
+
 def train_length(train_config, num_examples: int) -> tuple[int, int]:
   """(steps, warmup steps) as run_classifier.py / run_squad.py compute them:
   int(num_examples / batch_size x num_train_epochs) and int(steps x warmup_proportion), unless
@@ -98,6 +110,11 @@ def train_length(train_config, num_examples: int) -> tuple[int, int]:
                      f"{num_examples} training examples at config.train.batch_size="
                      f"{train_config.batch_size} is less than one step: train longer, or set "
                      "config.train.num_train_steps")
+  if steps > config_checks.MAX_INT32:  # The step counter is int32 (XLA overflowed at 2**31).
+    raise ValueError(f"config.train.num_train_epochs={train_config.num_train_epochs:g} of "
+                     f"{num_examples} training examples at config.train.batch_size="
+                     f"{train_config.batch_size} is {steps:.3g} steps, more than the "
+                     f"{config_checks.MAX_INT32} a run can count")
   warmup = train_config.warmup_steps or int(steps * train_config.warmup_proportion)
   return steps, warmup
 

@@ -607,6 +607,27 @@ def resolve_attention_impl(config: BertConfig, device=None, length: int | None =
   return "xla"
 
 
+def check_attention_impl(impl: str, dtype: str, head_dim: int | None = None,
+                         device=None) -> None:
+  """Refuses a fused kernel this process cannot run, before the workdir is touched or anything
+  compiles (cuDNN's own refusal came as a traceback from inside the compile): "cudnn" needs an
+  NVIDIA GPU, bfloat16 compute and a head size cuDNN takes (<= 128, a multiple of 8)."""
+  if impl != "cudnn":
+    return
+  device = jax.devices()[0] if device is None else device
+  problem = None
+  if device.platform != "gpu" or "nvidia" not in device.device_kind.lower():
+    problem = f"needs an NVIDIA GPU (with cuDNN); this process runs on {device.platform}"
+  elif dtype != "bfloat16":
+    problem = f"needs config.model.dtype='bfloat16' (cuDNN's fused attention refuses {dtype})"
+  elif head_dim is not None and (head_dim > 128 or head_dim % 8):
+    problem = (f"needs a head size <= 128 and a multiple of 8 (hidden_size / "
+               f"num_attention_heads is {head_dim})")
+  if problem:
+    raise ValueError(f"config.model.attention_impl='cudnn' {problem}; use 'auto' (cudnn where "
+                     "it runs, else xla) or 'xla'")
+
+
 def attention_note(config: BertConfig) -> str:
   """One log line: the attention a run uses, with and without attention dropout."""
   impl = resolve_attention_impl(config)

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import warnings
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -82,7 +83,10 @@ def fill_mask(checkpoint: str | tuple[BertConfig, dict, Vocab], text: str,
   if isinstance(checkpoint, str):
     from bert_jax import weights  # Imports HF/TF readers only when needed.
 
-    config, params, vocab = weights.load_pretrained(checkpoint)
+    with warnings.catch_warnings():
+      # Of its heads it reads the MLM head (checked below); a missing NSP head is no news.
+      warnings.simplefilter("ignore", UserWarning)
+      config, params, vocab = weights.load_pretrained(checkpoint)
     source = checkpoint
   else:
     (config, params, vocab), source = checkpoint, "the given params"

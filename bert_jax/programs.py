@@ -10,9 +10,10 @@ from typing import Any, Callable
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import ml_collections
 
-from bert_jax import optimizer as optimizer_lib, sharding, steps
+from bert_jax import model, optimizer as optimizer_lib, sharding, steps
 from bert_jax.tasks.base import Task
 
 # The config.train fields the compiled step depends on (with the task, mesh and rules).
@@ -66,7 +67,10 @@ def make_program(config, task: Task, mesh) -> Program:
 
 
 def check_mesh(config, model_config, mesh) -> None:
-  """The model's sharded dimensions and the batch sizes against the mesh, before compiling."""
+  """The model's sharded dimensions and the batch sizes against the mesh, and its attention
+  kernel against the devices, before compiling."""
+  model.check_attention_impl(model_config.attention_impl, jnp.dtype(model_config.dtype).name,
+                             model_config.head_dim)
   sharding.check_divisibility(model_config, dict(mesh.shape), sharding.logical_rules(config.mesh))
   check_batch_sizes(config, mesh)
 

@@ -21,7 +21,8 @@ LEGACY_LAYOUT = checkpointing.LegacyLayout(layout.holds_layout_1, layout.downgra
 def check_resumable(checkpointer: checkpointing.Checkpointer, task: Task, meta: dict[str, Any],
                     allow_vocab_change: bool) -> None:
   """Refuses a workdir whose latest checkpoint is of another task, model shape, vocabulary or
-  label list (`meta`: what this run records in its checkpoints)."""
+  label list, was trained with optimizer settings whose state does not fit this run's, or is
+  past this run's last step (`meta`: what this run records in its checkpoints)."""
   latest = checkpointer.latest_step()
   if latest is None:
     return
@@ -53,6 +54,57 @@ def check_resumable(checkpointer: checkpointing.Checkpointer, task: Task, meta: 
     raise ValueError(f"{where} was trained with vocab_pad_multiple={saved_multiple}, this run's "
                      f"config.model.vocab_pad_multiple is {model_config.vocab_pad_multiple}; set "
                      f"it to {saved_multiple} to resume")
+  # Then what this run would do with it: its optimizer state must fit, and it must train on.
+  check_state_settings(saved.get("config", {}), meta.get("config", {}), where,
+                       checkpointer.workdir)
+  check_steps(latest, meta.get("config", {}), where)
+
+
+def check_steps(latest: int, config: dict[str, Any], where: str) -> None:
+  """A workdir trained past this run's last step: resuming would train nothing and report
+  the checkpoint's scores as this run's (the same step: its final evaluation again)."""
+  total = config.get("train", {}).get("num_train_steps")
+  if total is not None and latest > total:
+    raise ValueError(f"{where} is at step {latest}, past config.train.num_train_steps={total}: "
+                     "this workdir has trained further already. Give --config.train."
+                     f"num_train_steps={latest} or more to resume it, or use another --workdir")
+
+
+def state_settings(config: dict[str, Any]) -> dict[str, Any]:
+  """The settings that decide the tree of the optimizer state (a checkpoint restores only into
+  the same one): the optimizer, clipping on or off (its chain has one more state) and a frozen
+  encoder (no state for it). The other optimizer fields (learning rate, schedule, decay...) may
+  change on a resume."""
+  train = config.get("train", {})
+  settings = {"train.optimizer": train.get("optimizer"),
+              "train.max_grad_norm": ("on" if (train.get("max_grad_norm") or 0) > 0 else "off")
+              if "max_grad_norm" in train else None}
+  if "freeze_encoder" in train:
+    settings["train.freeze_encoder"] = bool(train["freeze_encoder"])
+  return settings
+
+
+def check_state_settings(saved: dict[str, Any], config: dict[str, Any], where: str,
+                         workdir: str) -> None:
+  """Refuses a resume whose optimizer state would not fit the checkpoint's, naming the field
+  (before any device work, and never taken for damage: the checkpoints stay as they are)."""
+  saved_settings, settings = state_settings(saved), state_settings(config)
+  diffs = [name for name, value in settings.items()
+           if saved_settings.get(name) is not None and value is not None
+           and saved_settings[name] != value]
+  if not diffs:
+    return
+  train, saved_train = config["train"], saved["train"]
+  shown = [f"{name}: checkpoint {saved_train[name.split('.')[1]]!r}, this run "
+           f"{train[name.split('.')[1]]!r}" for name in diffs]
+  if "train.max_grad_norm" in diffs:
+    shown[diffs.index("train.max_grad_norm")] += " (clipping on vs off)"
+  overrides = " ".join(f"--config.{name}={saved_train[name.split('.')[1]]}" for name in diffs)
+  raise ValueError(f"{where} was trained with other optimizer settings ({'; '.join(shown)}): "
+                   "its optimizer state does not fit this run. Resume with the checkpoint's "
+                   f"({overrides}), or start a new --workdir from its weights with "
+                   f"--config.init_from={workdir} (the optimizer starts afresh); the checkpoints "
+                   "are left as they are")
 
 
 def merge_initial(fresh: dict, initial: dict, source: str) -> tuple[dict, list[str]]:
@@ -76,13 +128,15 @@ def merge_initial(fresh: dict, initial: dict, source: str) -> tuple[dict, list[s
 
 
 def initial_state(seed: int, task: Task, prog: Program, checkpointer: checkpointing.Checkpointer,
-                  initial: dict | None, source: str, log: Callable[[str], None]
+                  initial: dict | None, source: str, log: Callable[[str], None],
+                  settings: dict[str, Any] | None = None
                   ) -> tuple[steps.TrainState, bytes | None, dict]:
   """(state, data-iterator state or None, best eval so far): restored from the latest
   checkpoint, else born sharded from `seed`, with the `initial` (pretrained) params from
-  `source` put in place if given."""
+  `source` put in place if given. `settings`: this run's config (as a dict), named field by
+  field where a checkpoint does not restore into its state."""
   if checkpointer.latest_step() is not None:
-    restored = checkpointer.restore(prog.sharded_abstract_state(), LEGACY_LAYOUT)
+    restored = checkpointer.restore(prog.sharded_abstract_state(), LEGACY_LAYOUT, settings)
     if restored is None:
       raise ValueError(f"No checkpoint in {checkpointer.directory} could be restored (each was "
                        "set aside as <step>.damaged); start a new --workdir, or initialise from "

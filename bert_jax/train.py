@@ -12,7 +12,7 @@ import jax
 from jax.experimental import multihost_utils
 
 from bert_jax import checkpointing, config_checks, programs, sharding, storage, trainer
-from bert_jax.data import batching, builtin, packing, pipeline
+from bert_jax.data import batching, builtin, packing, pipeline, prepare
 from bert_jax.data.vocab import Vocab
 from bert_jax.masking import MaskingConfig
 from bert_jax.model import BertConfig
@@ -48,7 +48,7 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   model_config = BertConfig.from_config(config.model)
   dataset_dir, meta = _resolve_data(config, workdir)
   task = pretraining_task(config, model_config, meta if dataset_dir else None)
-  vocab = Vocab.load(os.path.join(dataset_dir, meta["vocab_dir"])) if dataset_dir else None
+  vocab = Vocab.load(prepare.vocab_dir(dataset_dir, meta)) if dataset_dir else None
   run = trainer.Run(
       task=task, train_iter=_train_iterator(config, dataset_dir, model_config.vocab_size),
       eval_batches=_eval_batches(config, dataset_dir) if dataset_dir else None, eval_data=None,

@@ -166,7 +166,8 @@ def train(config, workdir: str, run: Run) -> dict[str, Any]:
     with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
       prog = programs.make_program(config, run.task, mesh)
       state, data_state, best = resume.initial_state(config.seed, run.task, prog, checkpointer,
-                                                     initial, run.initial_source, writer.log)
+                                                     initial, run.initial_source, writer.log,
+                                                     config.to_dict())
       if data_state is not None:
         run.train_iter.set_state(json.loads(data_state))
       programs.compile_step(config, run.task, mesh, prog, writer.log)

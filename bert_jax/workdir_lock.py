@@ -9,7 +9,8 @@ The lock file is created exclusively (O_EXCL locally; `ifGenerationMatch=0` in a
 holds JSON: host, pid, the process's start time, a random token and a heartbeat the holder
 renews every `HEARTBEAT_SECONDS`. A lock left by a killed run is taken over, so automatic
 restarts work: on the same host as soon as its process is gone, from another host once its
-heartbeat is `STALE_SECONDS` old. A run whose lock was taken over (it was frozen longer than
+heartbeat is `STALE_SECONDS` old, and from anywhere when it stays empty or unparsable (a run
+killed while writing it). A run whose lock was taken over (it was frozen longer than
 that) stops before its next checkpoint write (`check_held`).
 With several processes, process 0 holds the lock for the run.
 """
@@ -36,6 +37,10 @@ LOCK_FILE = "bert_jax.lock"
 HEARTBEAT_SECONDS = 15.0  # How often the holder renews the lock.
 STALE_SECONDS = 120.0  # A lock of another host not renewed for this long is taken over.
 _RELEASE_SECONDS = 5.0  # At most this long to remove the lock at the end.
+# A lock file is written whole as it is created (a bucket's object at once, a local file just
+# after its exclusive create): one still empty or not JSON after this long was left by a run
+# killed while writing it (or spoiled by hand), and is taken over.
+_UNREADABLE_SECONDS = 2.0
 
 _held: dict[str, "WorkdirLock"] = {}  # Workdir -> the lock this process holds on it.
 
@@ -87,13 +92,27 @@ class WorkdirLock:
     return json.dumps({**self.record, "heartbeat": time.time()}, indent=1)
 
   def _read(self) -> dict[str, Any] | None:
-    """The current lock record; {} when unreadable (half-written); None when there is none."""
+    """The current lock record; {} when unreadable (half-written, or not a record: not a JSON
+    object, a heartbeat that is not a number); None when there is none."""
     try:
-      return json.loads(storage.read_text(self.path))
+      record = json.loads(storage.read_text(self.path))
     except FileNotFoundError:
       return None
     except (OSError, ValueError):
       return {}
+    if not isinstance(record, dict) or not isinstance(record.get("heartbeat", 0.0), (int, float)):
+      return {}
+    return record
+
+  def _read_settled(self) -> dict[str, Any] | None:
+    """The lock record, read again for `_UNREADABLE_SECONDS` while it is unreadable (a run may
+    be writing it this moment); {} when it stays so."""
+    deadline = time.time() + _UNREADABLE_SECONDS
+    holder = self._read()
+    while holder == {} and time.time() < deadline:
+      time.sleep(0.1)
+      holder = self._read()
+    return holder
 
   def _stale(self, holder: dict[str, Any]) -> str | None:
     """Why the lock `holder` left can be taken over, or None while its run may be alive."""
@@ -117,14 +136,15 @@ class WorkdirLock:
                       f"{e.strerror or e} (free space, permissions)") from e
       if created:
         break
-      holder = self._read()
+      holder = self._read_settled()
       if holder is None:
         continue  # Released meanwhile.
-      reason = self._stale(holder) if holder else None
+      reason = (self._stale(holder) if holder else
+                f"{self.path} is empty or not a lock record (a run killed while writing it?)")
       if reason is None:
         raise LockedError(self._holder_message(holder))
-      logging.warning("Taking over the lock of %s: %s (%s)", self.workdir, reason,
-                      _describe(holder))
+      logging.warning("Taking over the lock of %s: %s%s", self.workdir, reason,
+                      f" ({_describe(holder)})" if holder else "")
       storage.remove_tree(self.path)
     else:
       raise LockedError(f"{self.path}: could not take the workdir lock (it changed hands three "
@@ -134,9 +154,6 @@ class WorkdirLock:
     self._heartbeat.start()
 
   def _holder_message(self, holder: dict[str, Any]) -> str:
-    if not holder:
-      return (f"{self.workdir} is in use: its lock {self.path} is being written by another run; "
-              "use another --workdir")
     age = time.time() - float(holder.get("heartbeat", 0.0))
     return (f"{self.workdir} is in use by another run ({_describe(holder)}, alive {age:.0f} s "
             f"ago); use another --workdir, or stop that run first. A lock left by a killed run "

@@ -221,6 +221,7 @@ def test_random_replacements_are_drawn_from_the_real_vocabulary_only():
 class _SavedCheckpoint:
   """What `resume.check_resumable` reads of a Checkpointer: one checkpoint and its meta."""
   directory = "workdir/checkpoints"
+  workdir = "workdir"
 
   def __init__(self, model_config: dict):
     self.model_config = model_config

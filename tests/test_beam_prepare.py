@@ -8,9 +8,12 @@ it, except under CI (CI=true), where a missing Beam fails.
 """
 
 import dataclasses
+import glob
 import json
 import os
 import random
+import shutil
+import tempfile
 
 import pytest
 
@@ -73,7 +76,7 @@ def _without_time(meta: dict) -> dict:
 
 @pytest.mark.parametrize("objective,options", [
     ("mlm_nsp", ONE_WORKER), ("mlm_nsp", THREE_WORKERS), ("mlm", THREE_WORKERS)])
-def test_beam_writes_the_local_paths_records(corpus_files, tmp_path, objective, options):
+def test_beam_writes_the_local_paths_records(corpus_files, tmp_path, objective, options, capfd):
   paths, vocab = corpus_files
   settings = dataclasses.replace(SETTINGS, objective=objective)
   local_meta = _local(paths, vocab, settings, str(tmp_path / "local"))
@@ -93,6 +96,45 @@ def test_beam_writes_the_local_paths_records(corpus_files, tmp_path, objective, 
       corpus.iter_bert_format(paths), settings, str(tmp_path / "work"))}) > 1  # Several shards.
   # Nothing left behind: no temporary block files, no TFDS scratch directory.
   assert sorted(os.listdir(tmp_path / "beam")) == sorted(os.listdir(tmp_path / "local"))
+  # A run that went well says nothing of Beam's workers (47 lines of their INFO logs and of
+  # Beam's warnings about its own flags, with multi_processing, #37).
+  console = capfd.readouterr().err
+  assert "sdk_worker" not in console and "Worker:" not in console, console[-3000:]
+  assert not glob.glob(os.path.join(tempfile.gettempdir(), f"bert_jax_beam_workers_{os.getpid()}*"))
+
+
+def test_a_full_disk_is_one_line_and_keeps_nothing(corpus_files, tmp_path):
+  """A Beam run that filled the disk ended in a 120-line traceback from Beam's runner (#37)."""
+  import subprocess
+  paths, vocab = corpus_files
+  disk = tmp_path / "small_disk"
+  disk.mkdir()
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=12M", "tmpfs", str(disk)],
+                    capture_output=True).returncode != 0:
+    pytest.fail("this test needs `mount -t tmpfs` (root), as the CI machine has")
+  try:
+    vocab.save(str(disk / "vocab"))  # Room for the vocabulary, not for the blocks: the workers
+    room = sum(os.path.getsize(disk / "vocab" / n) for n in os.listdir(disk / "vocab"))
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    with open(disk / "filler", "wb") as f:  # fill it (Beam's runner: their traceback).
+      f.write(b"\0" * (free - room - 64 * 1024))
+    output = str(disk / "out")
+    for holds in ("vocab", None):
+      if holds is None:  # No room for the vocabulary either: the launcher's own write fails.
+        with open(disk / "filler", "ab") as f:
+          f.write(b"\0" * (os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize))
+      with pytest.raises(OSError) as error:
+        beam.prepare_dataset(output, paths, "bert", vocab, SETTINGS, beam_options=THREE_WORKERS)
+      message = str(error.value)
+      assert "\n" not in message and message.startswith(
+          f"Could not write the dataset in {output}: No space left on device"), message
+      assert "Nothing of it was kept" in message and not os.path.exists(output)
+      assert ("[while running 'WriteBlocks']" in message) == (holds is not None), message
+      assert not glob.glob(os.path.join(tempfile.gettempdir(),
+                                        f"bert_jax_beam_workers_{os.getpid()}*"))
+      shutil.rmtree(disk / "vocab", ignore_errors=True)
+  finally:
+    subprocess.run(["umount", "-l", str(disk)], check=False)
 
 
 class _FailingWrite:
@@ -236,6 +278,18 @@ def test_beam_flags_are_checked_before_any_work(corpus_files, tmp_path):
       sources.CorpusSource(input=paths), beam_options=["--direct_num_workers=2"])
   assert "is not one of" in prepare_with(sources.CorpusSource(input=paths),
                                          beam_runner="LocalRunner")
+  # Beam dropped an unknown option and ran without it; a bad value printed its 140-line usage.
+  for options, message in (
+      (["--direct_num_workers=2", "--direct_runing_mode=multi_processing"],
+       "--beam_options: --direct_runing_mode=multi_processing is not an option of Beam's "
+       "runners (a typo? Beam would drop it and run without it)"),
+      (["--direct_num_workers=abc"],
+       "--beam_options: argument --direct_num_workers: invalid int value: 'abc'"),
+      (["stray"], "--beam_options: stray is not an option")):
+    assert prepare_with(sources.CorpusSource(input=paths), beam_runner="DirectRunner",
+                        beam_options=options).startswith(message)
+  beam.check_options(["--direct_num_workers=2", "--direct_running_mode=multi_processing",
+                      "--project=p", "--region=r", "--temp_location=gs://b/t"])
   with pytest.raises(ValueError, match="give a bucket"):  # Workers have disks of their own.
     beam.prepare_dataset(str(tmp_path / "out"), paths, "bert", corpus_files[1], SETTINGS,
                          runner="DataflowRunner")

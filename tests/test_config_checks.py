@@ -6,7 +6,7 @@ import types
 
 import pytest
 
-from bert_jax import config_checks, sharding
+from bert_jax import config_checks, model, sharding, train
 from bert_jax.model import BertConfig
 from configs import (base, finetune_base, finetune_classification, finetune_qa, finetune_tagging,
                      large, tiny)
@@ -222,6 +222,38 @@ def test_messages(path, value, message):
   assert _refused(config_checks.check_pretraining, config) == message
 
 
+@pytest.mark.parametrize("path, value", [
+    ("train.num_train_steps", 2**31), ("data.span_warmup_steps", 10**11),
+    ("train.warmup_steps", 10**12), ("checkpoint.save_every_steps", 2**40),
+    ("train.batch_size", 2**31), ("logging.profile_steps", (2**31, 1))])
+def test_counts_past_int32_are_refused_by_range(path, value):
+  """They ended in JAX's OverflowError traceback, some only after compiling (#37)."""
+  config = base.get_config()
+  _set(config, path, value)
+  message = _refused(config_checks.check_pretraining, config)
+  assert message.startswith(f"config.{path}={config_checks.leaf_paths(config)[path]!r} must be "
+                            ) and "2147483647" in message, message
+  _set(config, path, (2**31 - 1, 1) if path == "logging.profile_steps" else 2**31 - 1)
+  assert config_checks.PRETRAINING_RULES[path](config_checks.leaf_paths(config)[path]) is None
+
+
+def test_unavailable_attention_kernel_is_refused_before_any_work():
+  """attention_impl="cudnn" without an NVIDIA GPU gave a traceback after the workdir was made."""
+  config = tiny.get_config()
+  config.model.attention_impl = "cudnn"
+  with pytest.raises(ValueError, match=r"^config.model.attention_impl='cudnn' needs an NVIDIA GPU "
+                                       r"\(with cuDNN\); this process runs on cpu; use 'auto'"):
+    train.check(config)
+  gpu = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
+  with pytest.raises(ValueError, match="needs config.model.dtype='bfloat16'"):
+    model.check_attention_impl("cudnn", "float32", 64, device=gpu)
+  with pytest.raises(ValueError, match=r"head size <= 128 and a multiple of 8 \(hidden_size / "
+                                       r"num_attention_heads is 12\)"):
+    model.check_attention_impl("cudnn", "bfloat16", 12, device=gpu)
+  model.check_attention_impl("cudnn", "bfloat16", 64, device=gpu)
+  model.check_attention_impl("xla", "float32", 12)
+
+
 # ----------------------------------------------------------------------------- relations
 
 
@@ -242,6 +274,11 @@ def test_messages(path, value, message):
     (dict(data__source="prepared"), "config.data.dataset_dir is empty: config.data.source="),
     (dict(data__validation_fraction=0.0), "config.data.validation_fraction=0.0 leaves the "
      "built-in corpus no validation split"),
+    # The peak of a warmup-stable-decay schedule is never reached (#37).
+    (dict(train__schedule="wsd", train__num_train_steps=1000, train__warmup_steps=950),
+     "config.train.warmup_steps=950 runs past the start of schedule 'wsd''s decay at step 900 "
+     "(num_train_steps 1000 less 100 decay steps, decay_fraction 0.1): the learning rate would "
+     "never reach its peak; use warmup_steps <= 900"),
 ])
 def test_broken_pretraining_relations(overrides, message):
   assert _refused(config_checks.check_pretraining, _pretraining(**overrides)).startswith(message)

@@ -349,6 +349,25 @@ def test_fill_mask_never_proposes_special_tokens_and_caps_top_k(tmp_path):
       predict.fill_mask((TINY, params, vocab), "[MASK]", top_k=bad)
 
 
+def test_fill_mask_of_an_mlm_only_checkpoint_warns_of_nothing(tmp_path, caplog):
+  """fill_mask reads the MLM head only: a checkpoint without NSP head (objective "mlm", the
+  modern encoder) printed Python's raw UserWarning about it on the console (#37); the launchers
+  turn any other warning into one log line."""
+  import warnings  # pylint: disable=import-outside-toplevel
+  from bert_jax import cli  # pylint: disable=import-outside-toplevel
+  vocab = _vocab(tmp_path / "vocab")
+  directory = str(tmp_path / "mlm_only")
+  weights.save_hf(directory, {k: v for k, v in _tiny_params().items() if k != "nsp"}, TINY, vocab)
+  with warnings.catch_warnings(record=True) as caught:
+    warnings.simplefilter("always")
+    assert len(predict.fill_mask(directory, "the [MASK] sat", top_k=2)[0]) == 2
+  assert not caught, [str(w.message) for w in caught]
+  with caplog.at_level("WARNING"):
+    show = cli._show_warning  # pylint: disable=protected-access
+    show(UserWarning("a thing to know"), UserWarning, "x.py", 3)
+  assert [r.getMessage() for r in caplog.records] == ["UserWarning: a thing to know"]
+
+
 def test_truncation_notes_say_what_the_model_does_not_read(tmp_path):
   vocab = _vocab(tmp_path)
 

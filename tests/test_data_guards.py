@@ -113,6 +113,51 @@ def test_damaged_shards_are_one_line_naming_the_file(small, tmp_path):
     pipeline.check_dataset(copy)
 
 
+def test_bert_meta_json_that_is_broken_or_names_a_vocabulary_elsewhere(small, tmp_path):
+  """An invalid bert_meta.json is one line naming the file; one whose vocab_dir lies outside
+  the dataset (another dataset's vocabulary) trained silently with it (#37)."""
+  _, _, vocab, dataset_dir = small
+  copy = str(tmp_path / "meta")
+  shutil.copytree(dataset_dir, copy)
+  meta_file = os.path.join(copy, "bert_meta.json")
+  meta = json.load(open(meta_file))
+  config = _prepared_config(copy, vocab)
+  for vocab_dir in ("../other/vocab", os.path.join(dataset_dir, "vocab"), "gs://b/vocab"):
+    json.dump({**meta, "vocab_dir": vocab_dir}, open(meta_file, "w"))
+    with pytest.raises(ValueError) as error:
+      pipeline.resolve_dataset(config, workdir="")
+    assert _one_line(error).startswith(f"{meta_file}: vocab_dir {vocab_dir!r} lies outside the "
+                                       "dataset"), _one_line(error)
+  json.dump({**meta, "vocab_dir": "./vocab"}, open(meta_file, "w"))
+  pipeline.resolve_dataset(config, workdir="")  # Inside, however spelled.
+  for content, message in (("{not json", "is not valid JSON"), ("[]", "is not a bert_jax "),
+                           (json.dumps({k: v for k, v in meta.items() if k != "special_ids"}),
+                            "lacks special_ids")):
+    open(meta_file, "w").write(content)
+    with pytest.raises(ValueError) as error:
+      pipeline.resolve_dataset(config, workdir="")
+    assert _one_line(error).startswith(f"{meta_file} {message}"), _one_line(error)
+
+
+def test_a_shard_garbled_where_the_start_does_not_read_is_one_line_in_training(small, tmp_path):
+  """The start's check reads each shard's first and last records; damage between them showed
+  as riegeli's 55-line traceback from grain's threads, after compiling (#37)."""
+  _, _, _, dataset_dir = small
+  copy = str(tmp_path / "garbled")
+  shutil.copytree(dataset_dir, copy)
+  shards = sorted(glob.glob(os.path.join(copy, "*-train.array_record-*")))
+  shard = max(shards, key=os.path.getsize)
+  with open(shard, "r+b") as f:
+    f.seek(os.path.getsize(shard) // 2)
+    f.write(b"\xff" * 64)
+  source = pipeline._split_source(copy, blocks.TRAIN)  # pylint: disable=protected-access
+  with pytest.raises(ValueError) as error:
+    pipeline.read_rows(source, range(len(source)), copy, blocks.TRAIN)
+  assert _one_line(error).startswith(f"Prepared dataset {copy}: shard {shard} (record "), (
+      _one_line(error))
+  assert "copy the dataset again" in _one_line(error)
+
+
 def test_empty_validation_split_is_refused_before_training(small, tmp_path, caplog, monkeypatch):
   _, text, vocab, _ = small
   scratch = tmp_path / "tmp"
@@ -204,6 +249,27 @@ def test_vocabulary_without_text_names_the_input(tmp_path):
                                         allow_smaller_vocab=True)
   assert vocab.piece_to_id("\u2581the") != vocab.unk_id  # Learned from those sentences.
   assert sorted(os.listdir(tmp_path)) == ["c.model", "c.vocab"]  # No temporary directory left.
+
+
+def test_binary_input_is_refused_before_any_work(tmp_path):
+  """Random bytes became a pretraining dataset with one UTF-8 warning (#37); a text file with
+  a few Latin-1 bytes is still text (replaced and counted, tests/test_corpus_vocab.py)."""
+  from bert_jax.data import sources  # pylint: disable=import-outside-toplevel
+  text = tmp_path / "text.txt"
+  text.write_bytes("Caf\u00e9 au lait.\nUne phrase.\n".encode("latin-1") * 2000)
+  noise = tmp_path / "noise.bin"
+  noise.write_bytes(random.Random(0).randbytes(200_000).replace(b"\x00", b"\x01"))
+  image = tmp_path / "image.png"
+  image.write_bytes(b"\x89PNG\r\n\x1a\n\x00\x00\x00\rIHDR" + b"a" * 100)
+  corpus.check_text_files([str(text)])
+  for path, why in ((noise, r"\d+% of its first 65,533 bytes are not UTF-8"),
+                    (image, "it holds NUL bytes")):
+    output = str(tmp_path / f"out_{path.stem}")
+    with pytest.raises(ValueError, match=rf"^Input file {path} is not text \({why}\): --input "
+                                         "takes UTF-8 text files"):
+      sources.prepare_corpus(output, sources.CorpusSource(input=[str(text), str(path)]),
+                             sources.VocabSource(size=300), blocks.ExampleSettings())
+    assert not os.path.exists(output)
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])
@@ -348,6 +414,31 @@ def test_finetuning_files_without_records(tmp_path):
   empty = finetune_data.TaskData("train.jsonl", {"input_ids": np.zeros((0, 8), np.int32)}, [])
   with pytest.raises(ValueError, match="train.jsonl: no training rows"):
     finetune_data.TrainBatches(empty, 8, seed=0)
+
+
+def test_empty_texts_and_labels_are_refused_with_file_and_line(tmp_path):
+  """An empty label would be a class of its own, a file of empty texts would fine-tune on
+  [CLS] [SEP] and exit 0 (#37): each is refused where it is. An empty text_b is no text_b."""
+  cases = [
+      ("texts.jsonl", '{"text": "a b", "label": "x"}\n{"text": " ", "label": "y"}\n',
+       "line 2: field 'text' is empty"),
+      ("labels.jsonl", '{"text": "a b", "label": "x"}\n\n{"text": "c", "label": ""}\n',
+       "line 3: field 'label' is empty"),
+      ("labels.csv", 'text,label\n"a b",x\n"c d"," "\n', "line 3: field 'label' is empty"),
+  ]
+  for name, content, message in cases:
+    path = str(tmp_path / name)
+    open(path, "w").write(content)
+    with pytest.raises(ValueError) as error:
+      finetune_data.read_records(path)
+    assert _one_line(error) == f"{path}, {message}"
+  pair = str(tmp_path / "pair.jsonl")
+  open(pair, "w").write('{"text": "a", "text_b": "", "label": "x"}\n')
+  assert finetune_data.text_b(finetune_data.read_records(pair)[0]) is None
+  tags = [("tags.jsonl", 1, {"text": "Alice went", "tags": ["B-PER", "O"]}),
+          ("tags.jsonl", 2, {"text": "Bob went", "tags": ["", "O"]})]
+  with pytest.raises(ValueError, match=r"^tags\.jsonl, line 2: an empty label \(''\)$"):
+    finetune_data.label_set(tags, (), lambda record: record[2]["tags"])
 
 
 def test_eval_batch_larger_than_the_validation_set_is_padded():

@@ -81,6 +81,55 @@ def encoder(tmp_path_factory) -> str:
   return weights.save_pretrained(str(directory / "pretrained"), {"bert": params}, config, vocab)
 
 
+def _local_downloads(tmp_path, monkeypatch):
+  """TFDS's download step answered with local files in the layout of GLUE's SST-2 zip and
+  SQuAD v1.1's JSON: the builders' own code then prepares them (no network)."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  sst2 = tmp_path / "downloads" / "SST-2"
+  sst2.mkdir(parents=True)
+  for split, rows in (("train", ["a b c\t1", "d e\t0", "f g h\t1"]), ("dev", ["b c\t0"])):
+    (sst2 / f"{split}.tsv").write_text("sentence\tlabel\n" + "\n".join(rows) + "\n")
+  (sst2 / "test.tsv").write_text("index\tsentence\n0\ta b\n")
+  context = "bob paid the bill ."
+  squad = {"version": "1.1", "data": [{"title": "t", "paragraphs": [{"context": context, "qas": [
+      {"id": "q1", "question": "who paid ?", "answers": [{"text": "bob", "answer_start": 0}]}]}]}]}
+  for name in ("train", "dev"):
+    (tmp_path / "downloads" / f"{name}-v1.1.json").write_text(json.dumps(squad))
+
+  def download_and_extract(self, resources):
+    del self
+    if isinstance(resources, dict):  # SQuAD: {"train": url, "dev": url}.
+      return {k: str(tmp_path / "downloads" / f"{k}-v1.1.json") for k in resources}
+    return str(tmp_path / "downloads")  # A GLUE task's zip, extracted.
+  monkeypatch.setattr(tfds.download.DownloadManager, "download_and_extract",
+                      download_and_extract)
+
+
+def test_the_suites_tfds_builders_prepare_with_the_requirements_installed(tmp_path,
+                                                                          monkeypatch):
+  """launch/downstream.py --suite=glue from a requirements.txt install ended in an 86-line
+  ModuleNotFoundError (importlib_resources, #37): GLUE's and SQuAD's real TFDS builders
+  prepare here (requirements-downstream.txt), and a missing module is one line naming it."""
+  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
+  from bert_jax.data import finetune as finetune_data  # pylint: disable=import-outside-toplevel
+  _local_downloads(tmp_path, monkeypatch)
+  data_dir = str(tmp_path / "tfds")
+  train = finetune_data.read_tfds("glue/sst2", "train", data_dir)
+  assert sorted((r[2]["text"], r[2]["label"]) for r in train) == [
+      ("a b c", "positive"), ("d e", "negative"), ("f g h", "positive")]
+  (question,) = finetune_data.read_tfds("squad/v1.1", "validation", data_dir)
+  assert question[2]["text"] == "who paid ?" and question[2]["answers"] == [
+      {"text": "bob", "answer_start": 0}]
+
+  def missing(*args, **kwargs):
+    raise ModuleNotFoundError("No module named 'importlib_resources'", name="importlib_resources")
+  monkeypatch.setattr(tfds, "data_source", missing)
+  with pytest.raises(ValueError, match=r"^TFDS dataset 'glue/cola' needs the module "
+                                       r"'importlib_resources', which is not installed: pip "
+                                       r"install -r requirements-downstream.txt$"):
+    finetune_data.read_tfds("glue/cola", "train", data_dir)
+
+
 # ------------------------------------------------------------------------------ end to end
 
 
@@ -339,6 +388,49 @@ def test_runs_made_with_other_settings_are_refused_and_where_they_run_is_not(tmp
         f"{named}); give another --output_dir, or remove {run_dir} to redo that run")
 
 
+def _fake_training_checkpoint(workdir, step: int, checksum: str) -> None:
+  """What `encoder_identity` reads of a training workdir: a committed step, its record."""
+  step_dir = workdir / "checkpoints" / str(step)
+  os.makedirs(step_dir / "meta")
+  (step_dir / "commit_success.txt").write_text("done")
+  (step_dir / "bert_jax_manifest.json").write_text(json.dumps(
+      {"version": 2, "files": {"state/x": {"bytes": 4, "checksum": checksum}}}))
+
+
+def test_runs_are_keyed_by_the_encoders_content_not_its_path(encoder, tmp_path, capsys):
+  """An encoder trained further at the same --checkpoint path had the old runs' scores
+  reported as its own ("finished already", #37): its runs are kept aside and run again."""
+  workdir = tmp_path / "pretraining"
+  _fake_training_checkpoint(workdir, 12, "crc32:0000000a")
+  first = downstream.encoder_identity(str(workdir))
+  assert first["encoder.step"] == 12 and len(first["encoder.fingerprint"]) == 64
+  _fake_training_checkpoint(workdir, 20, "crc32:0000000b")  # Trained on.
+  further = downstream.encoder_identity(str(workdir))
+  assert further["encoder.step"] == 20 and further != first
+  pretrained = downstream.encoder_identity(encoder)
+  assert pretrained["encoder.step"] is None
+  assert downstream.encoder_identity(encoder) == pretrained  # Content: the same every time.
+
+  output = tmp_path / "suite"
+  runs = [downstream.Run("mrpc", 2e-5, 0), downstream.Run("rte", 2e-5, 0),
+          downstream.Run("cola", 2e-5, 0)]
+  recorded = {"init_from": str(workdir), **first}
+  for run, settings in zip(runs, (recorded, {**recorded, **further}, {"init_from": "x"})):
+    os.makedirs(run.workdir(str(output)))
+    for name, content in ((downstream.SETTINGS_FILE, settings),
+                          (downstream.SCORES_FILE, {"scores": {"f1": 0.5}})):
+      with open(os.path.join(run.workdir(str(output)), name), "w") as f:
+        json.dump(content, f)
+  downstream.set_aside_other_encoders(runs, str(output), further)
+  old = runs[0].workdir(str(output))
+  aside = f"{old}.encoder-step12-{first['encoder.fingerprint'][:12]}"
+  assert not os.path.exists(old) and os.path.isfile(os.path.join(aside, downstream.SCORES_FILE))
+  assert f"mrpc lr2e-05_seed0: made from another encoder at {old} (step 12, this one's 20); " \
+         f"kept as {os.path.basename(aside)}, and run again" in capsys.readouterr().out
+  for run in runs[1:]:  # This encoder's run, and one recorded before encoders were.
+    assert os.path.isfile(os.path.join(run.workdir(str(output)), downstream.SCORES_FILE))
+
+
 # -------------------------------------------------------------------------------- bad flags
 
 
@@ -353,19 +445,32 @@ def test_runs_made_with_other_settings_are_refused_and_where_they_run_is_not(tmp
     (["--checkpoint="], "--checkpoint is empty"),
     (["--checkpoint=MISSING"], "--checkpoint=MISSING does not exist"),
     (["--checkpoint=EMPTY"], "--checkpoint=EMPTY is an empty directory"),
+    (["--run_group=1/2/3"], "--run_group=1/2/3: expected index/count with 0 <= index < count"),
+    (["--run_group=2/2"], "--run_group=2/2: expected index/count"),
+    (["--run_group=a/b"], "--run_group=a/b: expected index/count"),
+    # Inside the encoder's workdir its own run would rotate the suite's files, or it theirs.
+    (["--output_dir=ENCODER/glue"], "--output_dir ENCODER/glue lies inside the encoder's "
+     "workdir (--checkpoint) ENCODER"),
+    (["--output_dir=ENCODER"], "--output_dir ENCODER is the encoder's workdir"),
+    (["--output_dir=TMP", "--checkpoint=STEP"], "--output_dir TMP holds the encoder's workdir "
+     "(--checkpoint) TMP/run"),
 ])
 def test_bad_options_name_their_flag(encoder, tmp_path, args, message):
   (tmp_path / "empty").mkdir()
+  _fake_training_checkpoint(tmp_path / "run", 12, "crc32:0000000a")
+  places = {"MISSING": str(tmp_path / "missing"), "EMPTY": str(tmp_path / "empty"),
+            "ENCODER": encoder, "STEP": str(tmp_path / "run" / "checkpoints" / "12"),
+            "TMP": str(tmp_path)}
   values = {"checkpoint": encoder, "suite": "glue", "tasks": [], "learning_rates": "2e-5",
             "seeds": 1, "output_dir": str(tmp_path / "out")}
   for arg in args:
     name, value = arg[2:].split("=", 1)
-    value = value.replace("MISSING", str(tmp_path / "missing")).replace(
-        "EMPTY", str(tmp_path / "empty"))
+    for place, path in places.items():
+      value = value.replace(place, path)
     values[name] = value.split(",") if name == "tasks" else (
         int(value) if name in ("seeds", "devices_per_run") else value)
-  message = message.replace("MISSING", str(tmp_path / "missing")).replace(
-      "EMPTY", str(tmp_path / "empty"))
+  for place, path in places.items():
+    message = message.replace(place, path)
   with pytest.raises(ValueError) as error:
     downstream.parse_options(**values)
   assert str(error.value).startswith(message)

@@ -459,6 +459,27 @@ def test_bad_input_names_the_file_and_line(tmp_path):
     finetune_data.read_records(str(tmp_path / "broken.jsonl"))
 
 
+def test_best_metric_is_checked_before_training():
+  """A best_metric the task never reports was refused only at the first evaluation (#37)."""
+  classifier = _task("classification", labels=["neg", "pos"])
+  assert classifier.metric_names() == ["accuracy", "f1", "loss"]
+  with pytest.raises(ValueError, match=r"^config.train.best_metric='bleu' is not a metric of "
+                                       r"task 'classification'; use one of \['accuracy', 'f1', "
+                                       r"'loss'\]$"):
+    finetune.check_best_metric("bleu", classifier)
+  finetune.check_best_metric("", classifier)  # The task's main metric.
+  regression = _task("classification", labels=["score"], regression=True)
+  assert regression.metric_names() == ["loss", "mse", "pearson"]
+  assert "entity_f1" in _task("tagging", labels=["O", "B-PER", "I-PER"]).metric_names()
+  assert "entity_f1" not in _task("tagging", labels=["O", "PER"]).metric_names()
+  qa = _task("qa")
+  v2 = dataclasses.replace(qa, settings=dataclasses.replace(qa.settings,
+                                                            version_2_with_negative=True))
+  finetune.check_best_metric("HasAns_f1", v2)
+  with pytest.raises(ValueError, match="best_metric='HasAns_f1' is not a metric of task 'qa'"):
+    finetune.check_best_metric("HasAns_f1", qa)
+
+
 def test_long_text_is_truncated_and_counted(tmp_path):
   vocab = Vocab.load(_task_vocab(tmp_path))
   records = [("x.jsonl", 1, {"text": "we saw it", "label": "pos"}),
@@ -513,6 +534,12 @@ def test_regression_labels_loss_and_scores(tmp_path):
     csv_file.write_text("text,label\nwe saw it,x\n")
     _encode("classification", finetune_data.read_records(str(csv_file)), vocab,
                          labels=["score"], regression=True)
+  for cell in ("nan", "inf"):  # Refused before training, not a non-finite loss later (#37).
+    csv_file.write_text(f"text,label\nwe saw it,1\nwe went,{cell}\n")
+    with pytest.raises(ValueError, match=rf"scores\.csv, line 3: regression label '{cell}' is "
+                                         "not a finite number"):
+      _encode("classification", finetune_data.read_records(str(csv_file)), vocab,
+              labels=["score"], regression=True)
 
 
 
@@ -940,6 +967,10 @@ def test_epochs_and_warmup_proportion_give_the_original_step_counts(examples, ba
   assert finetune.train_length(config.train, examples) == (1000, 100)
   config.train.warmup_steps = 7  # So does an explicit warmup.
   assert finetune.train_length(config.train, examples) == (1000, 7)
+  config.train.update(num_train_steps=0, num_train_epochs=1e12)  # JAX's OverflowError (#37).
+  with pytest.raises(ValueError, match=r"num_train_epochs=1e\+12 .* steps, more than the "
+                                       r"2147483647 a run can count$"):
+    finetune.train_length(config.train, examples)
 
 
 def test_a_run_from_the_default_length_trains_its_epochs_and_says_so(tmp_path, capsys):

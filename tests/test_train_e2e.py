@@ -68,7 +68,7 @@ def _checkpoint_steps(workdir) -> list[int]:
   directory = os.path.join(workdir, "checkpoints")
   if not os.path.isdir(directory):
     return []
-  return sorted(int(name) for name in os.listdir(directory) if name.isdigit())
+  return sorted(int(name) for name in os.listdir(directory) if name.isascii() and name.isdigit())
 
 
 @pytest.fixture(scope="module")
@@ -215,12 +215,72 @@ def _stderr_lines(result) -> list[str]:
   return [line for line in result.stderr.splitlines() if line.strip()]
 
 
-def _garble(step_dir):
-  """Overwrites the start of every file of a checkpoint's state (damage on disk)."""
+def _garble(step_dir, keep=()):
+  """Overwrites the start of every file of a checkpoint's state (damage on disk), but `keep`."""
   for root, _, names in os.walk(os.path.join(step_dir, "state")):
     for name in names:
-      with open(os.path.join(root, name), "r+b") as f:
-        f.write(b"\x00garbled\x00")
+      if name not in keep:
+        with open(os.path.join(root, name), "r+b") as f:
+          f.write(b"\x00garbled\x00")
+
+
+def _all_checkpoint_names(workdir) -> list[str]:
+  return sorted(os.listdir(os.path.join(workdir, "checkpoints")))
+
+
+def test_a_resume_with_other_settings_is_refused_and_nothing_is_renamed(prepared, tmp_path):
+  """Another optimizer (or clipping turned off) does not fit the checkpoint's optimizer state:
+  one line naming the field before any compile, not "damaged" checkpoints set aside (#37). A
+  run shorter than the checkpoint says so. Stray names in checkpoints/ are ignored with a
+  warning, and the right settings resume from the newest checkpoint."""
+  from bert_jax import checkpoint_integrity  # pylint: disable=import-outside-toplevel
+  workdir = str(tmp_path / "run")
+  shutil.copytree(prepared[0], workdir)
+  newest = _checkpoint_steps(workdir)[-1]
+  names = _all_checkpoint_names(workdir)
+  more = f"--config.train.num_train_steps={newest + 2}"
+  cases = [
+      ((more, "--config.train.optimizer=adamw"),
+       f"error: {workdir}/checkpoints/{newest} was trained with other optimizer settings "
+       "(train.optimizer: checkpoint 'bert_adamw', this run 'adamw')"),
+      ((more, "--config.train.max_grad_norm=0"), "train.max_grad_norm: checkpoint 1.0, this run "
+       "0.0 (clipping on vs off)"),
+      ((f"--config.train.num_train_steps={newest - 2}",),
+       f"error: {workdir}/checkpoints/{newest} is at step {newest}, past "
+       f"config.train.num_train_steps={newest - 2}"),
+  ]
+  for flags, text in cases:
+    result = _launch(workdir, *flags)
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert _stderr_lines(result)[-1].startswith("error: ") and text in _stderr_lines(result)[-1]
+    assert "Compiled the train step" not in result.stdout
+    assert _all_checkpoint_names(workdir) == names  # Nothing renamed, nothing lost.
+
+  # A checkpoint whose meta does not name its optimizer (the check above cannot tell): the
+  # restore itself fails on the tree, and the verified checkpoint is refused, not set aside.
+  for step in _checkpoint_steps(workdir):
+    step_dir = os.path.join(workdir, "checkpoints", str(step))
+    meta_file = os.path.join(step_dir, "meta", "metadata")
+    meta = json.load(open(meta_file))
+    del meta["config"]["train"]["optimizer"]
+    json.dump(meta, open(meta_file, "w"))
+    checkpoint_integrity.write_manifest(step_dir)
+  result = _launch(workdir, more, "--config.train.optimizer=lamb")
+  assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-2000:]
+  assert _stderr_lines(result)[-1].startswith(
+      f"error: Checkpoint {workdir}/checkpoints/{newest} is intact (it passed its integrity "
+      "check) but does not restore into this run's state"), _stderr_lines(result)[-1]
+  assert _all_checkpoint_names(workdir) == names
+
+  os.makedirs(os.path.join(workdir, "checkpoints", "backup"))  # Stray names an operator left.
+  os.makedirs(os.path.join(workdir, "checkpoints", "\u00b2"))  # "²": str.isdigit, not int().
+  resumed = _launch(workdir, more)
+  assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+  assert f"Resumed from {workdir}/checkpoints/{newest}" in resumed.stdout
+  assert f"Ignoring 'backup', '\u00b2' in {workdir}/checkpoints: not checkpoint steps" in (
+      resumed.stderr)
+  assert _checkpoint_steps(workdir)[-1] == newest + 2
+  assert not [n for n in _all_checkpoint_names(workdir) if "damaged" in n]
 
 
 def test_damaged_newest_checkpoint_falls_back_bit_identically(prepared, tmp_path):
@@ -383,6 +443,28 @@ def test_one_run_per_workdir_and_a_killed_runs_lock_is_taken_over(prepared, tmp_
   assert f"Resumed from {workdir}/checkpoints/12" in again.stdout
 
 
+def test_an_empty_or_unparsable_lock_is_taken_over_with_a_warning(tmp_path, caplog,
+                                                                 monkeypatch):
+  """Such a lock (a run killed while writing it, a file spoiled by hand) blocked the workdir
+  for ever, blaming "another run" (#37). In process: what a launcher calls."""
+  from bert_jax import workdir_lock  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(workdir_lock, "_UNREADABLE_SECONDS", 0.2)  # 2 s: a writer's moment.
+  lock_file = tmp_path / "bert_jax.lock"
+  for content in ("", "{not json", "[1, 2]", '{"host": "h", "heartbeat": "soon"}'):
+    lock_file.write_text(content)
+    caplog.clear()
+    with workdir_lock.hold(str(tmp_path)):
+      assert json.loads(lock_file.read_text())["pid"] == os.getpid()
+    assert f"Taking over the lock of {tmp_path}: {lock_file} is empty or not a lock record" in (
+        caplog.text), content
+    assert not lock_file.exists()
+  alive = {"host": "elsewhere", "pid": 1, "started": "now", "heartbeat": time.time()}
+  lock_file.write_text(json.dumps(alive))  # A live run's lock is still refused.
+  with pytest.raises(workdir_lock.LockedError, match="is in use by another run"):
+    with workdir_lock.hold(str(tmp_path)):
+      pass
+
+
 def test_another_vocabulary_of_the_same_size_is_refused(prepared, tmp_path):
   """A corpus capped at 0.25 MB trains another 1000-piece vocabulary: same shapes, other ids."""
   workdir = str(tmp_path / "other_vocab")
@@ -430,7 +512,9 @@ def test_unrecorded_damaged_checkpoint_falls_back_without_a_traceback(prepared, 
   newest_dir = os.path.join(workdir, "checkpoints", str(newest))
   os.remove(os.path.join(newest_dir, "bert_jax_manifest.json"))
   os.remove(os.path.join(workdir, "checkpoints", str(older[-1]), "bert_jax_manifest.json"))
-  _garble(newest_dir)
+  # Its tree (orbax's _METADATA) still reads as this run's, so the unreadable files are damage,
+  # not a checkpoint of other settings (those are refused, not set aside).
+  _garble(newest_dir, keep=("_METADATA",))
   total = max(reference)
   result = _launch(workdir, f"--config.train.num_train_steps={total}")
   assert result.returncode == 0, result.stdout + result.stderr
@@ -463,7 +547,10 @@ def _foreign_inputs(tmp_path) -> dict[str, str]:
       tamper={"bert/embeddings/word_embeddings": {"shape": (100_000, 100_000)}})
   one_line = tmp_path / "one_line.txt"
   one_line.write_text(test_data_guards._long_line(1_000_000) + "\n")  # pylint: disable=protected-access
-  return {"null_config": null_config, "absurd_tf": absurd, "one_line": str(one_line)}
+  binary = tmp_path / "random.bin"
+  binary.write_bytes(np.random.default_rng(0).integers(0, 256, 100_000, np.uint8).tobytes())
+  return {"null_config": null_config, "absurd_tf": absurd, "one_line": str(one_line),
+          "binary": str(binary)}
 
 
 def test_every_bad_input_is_one_line_before_any_compile(prepared, tmp_path):
@@ -519,6 +606,11 @@ def test_every_bad_input_is_one_line_before_any_compile(prepared, tmp_path):
        1, "config.json: vocab_size is null"),
       ("convert.py", f"--from_tf={foreign['absurd_tf']}", f"--output_dir={tmp_path}/out_tf", 1,
        "for shape (100000, 100000)"),
+      # Refused before the workdir is made (#37): a kernel this machine lacks, binary input.
+      (*train, "--config.model.attention_impl=cudnn", 1,
+       "config.model.attention_impl='cudnn' needs an NVIDIA GPU"),
+      ("prepare_data.py", f"--input={foreign['binary']}", f"--output_dir={tmp_path}/binary",
+       1, f"Input file {foreign['binary']} is not text"),
       ("prepare_data.py", f"--input={foreign['one_line']}", "--input_format=bert",
        f"--output_dir={tmp_path}/one_line_data", "--vocab_size=300", "--max_seq_length=32",
        "--validation_fraction=0", 1, "no training examples"),
@@ -537,9 +629,12 @@ def test_every_bad_input_is_one_line_before_any_compile(prepared, tmp_path):
   assert not os.path.exists(workdir)
   assert _checkpoint_steps(prepared[0])  # The converted-onto run is intact.
 
-  # SIGINT (Ctrl-C) in training: one line, exit 130; a restart resumes.
+  # SIGINT (Ctrl-C) in training, a checkpoint saved after every step (so most likely while
+  # one is written): one line, exit 130; a restart resumes. (tests/test_stop_signals.py: in a
+  # compile.)
   run_dir = _fresh_workdir(tmp_path, prepared[0])
-  process = _launch(run_dir, "--config.train.num_train_steps=12", wait=False)
+  process = _launch(run_dir, "--config.train.num_train_steps=12",
+                    "--config.checkpoint.save_every_steps=1", wait=False)
   output = _read_until(process, "step 6/12")
   process.send_signal(signal.SIGINT)
   rest, _ = process.communicate(timeout=60)

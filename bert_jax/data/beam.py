@@ -28,11 +28,14 @@ Needs `apache-beam` (requirements-beam.txt); nothing else in bert_jax imports th
 
 import contextlib
 import dataclasses
+import errno
 import json
 import logging
 import os
+import re
 import signal
 import subprocess
+import sys
 import tempfile
 import threading
 import time
@@ -41,6 +44,7 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from typing import Any
 
 import apache_beam as beam
+from apache_beam.options import pipeline_options
 from apache_beam.options.pipeline_options import PipelineOptions
 
 from bert_jax import storage
@@ -132,7 +136,9 @@ def _finalize(results: list[tuple], corpus_stats: dict[str, int], *, output_dir:
     split_stats[split].add(block_stats)
     if block_stats.rows:
       split_shards[split].append((path, block_stats.rows, num_bytes))
-  prepare._check_splits(split_stats, settings)  # pylint: disable=protected-access
+  # Raises when no training row came; its warnings are the launcher's (`_warn_of_splits`): a
+  # worker process's console is not the operator's.
+  prepare._check_splits(split_stats, settings, warn=False)  # pylint: disable=protected-access
   tfds_builder.write_tfds_layout(output_dir, settings.max_seq_length, settings.examples_per_row,
                                  split_shards)
   storage.remove_tree(storage.join(output_dir, _BLOCKS_DIR))
@@ -270,6 +276,142 @@ def _interrupt_reaches_workers() -> Iterator[None]:
     threading.excepthook = previous_hook
 
 
+def _remove_failed(output_dir: str, existed: bool) -> None:
+  """What a failed run wrote into `output_dir` (empty before) goes."""
+  try:
+    storage.remove_tree(output_dir)
+    if existed:
+      storage.makedirs(output_dir)  # As it was: empty.
+  except Exception as e:  # pylint: disable=broad-except  (the pipeline's error matters more)
+    logging.warning("prepare: could not remove the failed run's %s (%s); delete it before "
+                    "preparing into it again.", output_dir, e)
+
+
+# The last "SomeError: message" line of a worker's traceback, which Beam's runner hands back
+# as the text of one RuntimeError.
+_FINAL_LINE = re.compile(r"^(?:[\w.]+\.)?(\w+(?:Error|Exception)): (.+)$", re.M)
+
+
+def _one_line_error(error: BaseException, output_dir: str) -> Exception | None:
+  """A failed pipeline as one error line (None: `error` is one already, or a signal): Beam's
+  runner wraps a worker's failure in a RuntimeError holding its whole traceback (120 lines
+  for a full disk). A full disk is an OSError naming the output; other failures name the
+  worker's exception."""
+  if isinstance(error, OSError) and error.errno == errno.ENOSPC:
+    return OSError(f"Could not write the dataset in {output_dir}: No space left on device. "
+                   "Nothing of it was kept; free space (or give another --output_dir) and run "
+                   "the command again")
+  if not isinstance(error, Exception) or isinstance(error, (ValueError, OSError)):
+    return None
+  found = _FINAL_LINE.findall(str(error))
+  kind, message = found[-1] if found else (type(error).__name__, " ".join(str(error).split()))
+  message = " ".join(message.split())
+  if "No space left on device" in message:
+    return OSError(f"Could not write the dataset in {output_dir}: No space left on device "
+                   f"({kind}: {message[:300]}). Nothing of it was kept; free space (or give "
+                   "another --output_dir) and run the command again")
+  return ValueError(f"The Beam pipeline failed: {kind}: {message[:500]}. Nothing of the "
+                    "dataset was kept")
+
+
+def _warn_of_splits(meta: dict[str, Any], settings: blocks.ExampleSettings) -> None:
+  """The warnings of `prepare._check_splits` (an empty validation split, NSP chunks without a
+  random next segment), in the launcher's process, from the metadata the pipeline wrote."""
+  split_stats = {split: blocks.BlockStats(**meta["stats"][split]) for split in blocks.SPLITS}
+  prepare._check_splits(split_stats, settings)  # pylint: disable=protected-access
+
+
+class _NotWorkerRelays(logging.Filter):
+  """Off this process's console: the local job service's copies of its workers' log lines
+  ("Worker: severity: ... message: ..."), which the workers' own output has (see
+  `_workers_output_to`)."""
+
+  def filter(self, record: logging.LogRecord) -> bool:
+    return not (record.name.endswith("local_job_service")
+                and str(record.msg).startswith("Worker:"))
+
+
+@contextlib.contextmanager
+def _workers_output_to(path: str | None) -> Iterator[None]:
+  """DirectRunner's worker processes (direct_running_mode=multi_processing) log at INFO, and
+  Beam's warnings about its own flags, to the stderr they inherit: 47 lines on the console of a
+  run that went well. For the pipeline's run they inherit `path` instead (None: nothing
+  changes); this process's log handlers keep the terminal, without the job service's copies
+  of those lines."""
+  if path is None:
+    yield
+    return
+  from absl import logging as absl_logging  # pylint: disable=g-import-not-at-top
+  handlers = [h for h in (*logging.getLogger().handlers, absl_logging.get_absl_handler()
+                          .python_handler)
+              if isinstance(h, logging.StreamHandler) and h.stream is sys.stderr]
+  sys.stderr.flush()
+  terminal = os.dup(2)
+  console = os.fdopen(os.dup(terminal), "w", buffering=1)
+  relays = _NotWorkerRelays()
+  with open(path, "ab") as log:
+    os.dup2(log.fileno(), 2)
+  saved = sys.stderr
+  sys.stderr = console
+  streams = [h.setStream(console) for h in handlers]
+  for handler in logging.getLogger().handlers:
+    handler.addFilter(relays)
+  try:
+    yield
+  finally:
+    for handler in logging.getLogger().handlers:
+      handler.removeFilter(relays)
+    for handler, stream in zip(handlers, streams):
+      handler.setStream(stream)
+    sys.stderr = saved
+    console.close()
+    os.dup2(terminal, 2)
+    os.close(terminal)
+
+
+def _drop_workers_log(path: str | None, keep_tail: bool) -> None:
+  """Removes the workers' output file; after a failure its last lines go to the log (INFO:
+  `-v 0` shows them) first (the error itself is reported in one line)."""
+  if path is None or not os.path.exists(path):
+    return
+  if keep_tail:
+    with open(path, errors="replace") as f:
+      logging.info("prepare: the Beam workers' last output:\n%s", "".join(f.readlines()[-40:]))
+  os.remove(path)
+
+
+def _workers_log(options: PipelineOptions, runner: str) -> str | None:
+  """Where DirectRunner's local worker processes write their output (a file in $TMPDIR, removed
+  after the run), or None when it runs none (in-process modes, other runners: remote
+  workers)."""
+  if runner != "DirectRunner":
+    return None
+  if options.view_as(pipeline_options.DirectOptions).direct_running_mode != "multi_processing":
+    return None
+  return os.path.join(tempfile.gettempdir(), f"bert_jax_beam_workers_{os.getpid()}.log")
+
+
+def check_options(beam_options: Sequence[str]) -> None:
+  """Refuses Beam options Beam would not take, before any work: a value of the wrong type (Beam
+  printed its 140-line usage page and exited) and an unknown option (Beam drops it with a log
+  line and runs without it). Parsed as `PipelineOptions.get_all_options` parses them: every
+  options class's arguments (runners' included) in one parser."""
+  # pylint: disable-next=protected-access
+  class Parser(pipeline_options._BeamArgumentParser):
+    def error(self, message: str):  # argparse's: print the usage, exit 2.
+      raise ValueError(f"--beam_options: {message}")
+
+  parser = Parser(allow_abbrev=False)
+  subset = {str(cls): cls for cls in PipelineOptions.__subclasses__()}
+  for cls in subset.values():
+    cls._add_argparse_args(parser)  # pylint: disable=protected-access
+  _, unknown = parser.parse_known_args(list(beam_options))
+  if unknown:
+    raise ValueError(f"--beam_options: {' '.join(unknown)} is not an option of Beam's runners "
+                     "(a typo? Beam would drop it and run without it); see `python -m "
+                     "apache_beam.examples.wordcount --help` for the options it knows")
+
+
 def prepare_dataset(output_dir: str, paths: Sequence[str], input_format: str, vocab,
                     settings: blocks.ExampleSettings, *, runner: str = "DirectRunner",
                     beam_options: Sequence[str] = (), corpus_fingerprint: str = ""
@@ -288,23 +430,25 @@ def prepare_dataset(output_dir: str, paths: Sequence[str], input_format: str, vo
   output_dir = storage.absolute(output_dir)
   prepare.check_output_dir(output_dir)
   existed = storage.isdir(output_dir)
+  workers_log = None
   try:
     vocab.save(storage.join(output_dir, prepare.VOCAB_DIR))
     options = PipelineOptions(list(beam_options), runner=runner, save_main_session=False)
+    workers_log = _workers_log(options, runner)
     with (scratch_tempdir(), _quiet_transform_errors(), _interrupt_reaches_workers(),
-          beam.Pipeline(options=options) as pipeline):
+          _workers_output_to(workers_log), beam.Pipeline(options=options) as pipeline):
       build_pipeline(pipeline, paths, input_format, vocab, settings, output_dir,
                      corpus_fingerprint)
-  except BaseException:
-    try:
-      storage.remove_tree(output_dir)
-      if existed:
-        storage.makedirs(output_dir)  # As it was: empty.
-    except Exception as e:  # pylint: disable=broad-except  (the pipeline's error matters more)
-      logging.warning("prepare: could not remove the failed run's %s (%s); delete it before "
-                      "preparing into it again.", output_dir, e)
-    raise
+  except BaseException as error:
+    _drop_workers_log(workers_log, keep_tail=True)
+    _remove_failed(output_dir, existed)
+    reported = _one_line_error(error, output_dir)
+    if reported is None:
+      raise
+    raise reported from error
+  _drop_workers_log(workers_log, keep_tail=False)
   meta = prepare.load_meta(output_dir)
+  _warn_of_splits(meta, settings)
   train = meta["splits"][blocks.TRAIN]
   logging.info("prepare (Beam %s): wrote %s (%d train rows holding %d examples) in %.1f s",
                runner, output_dir, train["rows"], train["examples"], meta["prepare_seconds"])

@@ -110,6 +110,33 @@ def _decode(raw: bytes) -> tuple[str, int]:
   return text, _COUNTER.invalid
 
 
+# How much of each input file `check_text_files` reads, and the share of it that may be invalid
+# UTF-8 in a text file (a Latin-1 file of accented prose stays far below; random bytes, images
+# and archives are above half).
+SNIFF_BYTES = 64 * 1024
+MAX_INVALID_SHARE = 0.1
+
+
+def check_text_files(paths: Sequence[str]) -> None:
+  """Refuses, before any work, an input file that is not text: NUL bytes, or more than
+  `MAX_INVALID_SHARE` of its first `SNIFF_BYTES` not UTF-8 (random bytes became a pretraining
+  dataset with one UTF-8 warning)."""
+  for path in paths:
+    with storage.open_binary(path) as f:
+      head = f.read(SNIFF_BYTES)
+    if len(head) == SNIFF_BYTES:
+      head = head[:-3]  # A character the sample cut in two is not invalid.
+    if b"\x00" in head:
+      why = "it holds NUL bytes"
+    else:
+      invalid = _decode(head)[1]
+      if invalid <= MAX_INVALID_SHARE * len(head):
+        continue
+      why = f"{invalid / len(head):.0%} of its first {len(head):,} bytes are not UTF-8"
+    raise ValueError(f"Input file {path} is not text ({why}): --input takes UTF-8 text files "
+                     "(one sentence per line, or paragraphs)")
+
+
 def _read_lines(path: str, stats: CorpusStats) -> Iterator[str]:
   """Yields the decoded, stripped lines of `path` (UTF-8; invalid bytes counted and replaced).
 

@@ -103,7 +103,21 @@ def read_records(path: str, data_format: str = "auto") -> list[Record]:
   if not records:
     raise ValueError(f"Data file {path} holds no records (it is empty, or holds blank lines or a "
                      "CSV header only)")
+  for record in records:
+    _check_not_blank(record)
   return records
+
+
+# Fields that must hold something when given: an empty text would train on [CLS] [SEP] alone,
+# an empty label would become a class of its own. (An empty text_b means "no second text".)
+_NOT_BLANK = ("text", "label")
+
+
+def _check_not_blank(record: Record) -> None:
+  for name in _NOT_BLANK:
+    value = record[2].get(name)
+    if isinstance(value, str) and not value.strip():
+      raise ValueError(f"{where(record)}: field {name!r} is empty")
 
 
 def where(record: Record) -> str:
@@ -147,7 +161,12 @@ def label_set(records: Sequence[Record], configured: Sequence[Any],
   training records, sorted ("O" first, then numbers in numeric order)."""
   if configured:
     return [label_name(v) for v in configured]
-  found = {label_name(value) for record in records for value in values_of(record)}
+  found = set()
+  for record in records:
+    for value in values_of(record):
+      if not label_name(value).strip():
+        raise ValueError(f"{where(record)}: an empty label ({value!r})")
+      found.add(label_name(value))
   names = sorted(found, key=lambda n: (n != "O", int(n) if n.lstrip("-").isdigit() else 0, n))
   if not names:
     raise ValueError(f"{records[0][0]}: no labels found")
@@ -242,20 +261,37 @@ def register_tfds_builder(name: str) -> None:
     importlib.import_module(module)
 
 
+# What TFDS's builders of the suites import beyond requirements.txt.
+TFDS_REQUIREMENTS = "requirements-downstream.txt"
+
+
+def tfds_data_source(name: str, split: str, data_dir: str | None = None):
+  """`tfds.data_source` of a registered TFDS dataset (downloaded and prepared on first use); a
+  module its builder lacks is one line naming the requirements file that installs it."""
+  import tensorflow_datasets as tfds
+  try:
+    register_tfds_builder(name)
+    # Prepared as ArrayRecord, which TFDS writes without TensorFlow (its default, TFRecord,
+    # needs it) and which random access reads.
+    return tfds.data_source(name, split=split, data_dir=data_dir,
+                            builder_kwargs={"file_format": "array_record"})
+  except ModuleNotFoundError as e:
+    module = e.name or str(e).rsplit("No module named ", 1)[-1].strip("'\" ")
+    raise ValueError(f"TFDS dataset {name!r} needs the module {module!r}, which is not "
+                     f"installed: pip install -r {TFDS_REQUIREMENTS}") from e
+
+
 def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Record]:
   """Records of a TFDS dataset through `tfds.data_source` (random access; it downloads and
   prepares the dataset in ArrayRecord format on first use, so it needs internet access then):
   GLUE tasks, imdb_reviews, squad (v1.1 layout; squad/v2.0 adds is_impossible). Class labels
   keep their TFDS names."""
-  import tensorflow_datasets as tfds
-
   key = next((k for k in _TFDS_FIELDS if name == k or name.startswith(k + ":")), None)
   if key is None:
     raise ValueError(f"TFDS dataset {name!r} has no field mapping; supported: "
                      f"{sorted(_TFDS_FIELDS)} (or export it to JSONL)")
   text_field, text_b_field = _TFDS_FIELDS[key]
-  register_tfds_builder(name)
-  source = tfds.data_source(name, split=split, data_dir=data_dir)
+  source = tfds_data_source(name, split, data_dir)
   features = source.dataset_info.features
   names = getattr(features["label"], "names", None) if "label" in features.keys() else None
   records = []

@@ -103,6 +103,7 @@ def resolve_dataset(config: ml_collections.ConfigDict, workdir: str,
     raise ValueError(f"config.data.source={config.data.source!r} has no dataset directory "
                      "(expected 'builtin' or 'prepared').")
   meta = prepare.load_meta(dataset_dir)
+  prepare.vocab_dir(dataset_dir, meta)  # Inside the dataset.
   check_dataset_matches(meta, config.model.vocab_size, config.data.max_seq_length,
                         config.data.objective, config.data.max_examples_per_row)
   check_dataset(dataset_dir, fraction_flag=fraction_flag)
@@ -228,6 +229,40 @@ def decode_records(records: Sequence[bytes]) -> Batch:
                                      dtype=np.int32) for name in _FEATURES})
 
 
+def read_rows(source, indices: Sequence[int], dataset_dir: str, split: str) -> Batch:
+  """The decoded rows `indices` of a split's source. A shard damaged where the start's check
+  did not read (`check_dataset` reads each shard's first and last records) fails here, in
+  training: one ValueError naming the shard, not riegeli's traceback from grain's threads."""
+  try:
+    return decode_records(source.__getitems__([int(i) for i in indices]))
+  except Exception as e:  # pylint: disable=broad-except  (riegeli: RuntimeError; protobuf)
+    problem = _describe(e) or type(e).__name__
+    shard = _shard_of_bad_row(source, indices, dataset_dir, split)
+    raise ValueError(f"Prepared dataset {dataset_dir}: {shard or f'the {split} split'} cannot be "
+                     f"read ({problem}); copy the dataset again (an interrupted copy?) or "
+                     "prepare it again. Checkpoints so far are kept.") from e
+
+
+def _shard_of_bad_row(source, indices: Sequence[int], dataset_dir: str, split: str) -> str:
+  """"shard <path> (row i)" of the first of `indices` that does not read, or "" if none is
+  found (the failure was not one row's)."""
+  for index in indices:
+    try:
+      decode_records(source.__getitems__([int(index)]))
+      continue
+    except Exception:  # pylint: disable=broad-except
+      pass
+    try:
+      paths, lengths = tfds_builder.split_infos(dataset_dir)[split]
+    except Exception:  # pylint: disable=broad-except
+      return ""
+    bounds = np.cumsum(lengths)
+    shard = int(np.searchsorted(bounds, int(index), side="right"))
+    first = int(bounds[shard - 1]) if shard else 0
+    return f"shard {paths[shard]} (record {int(index) - first})" if shard < len(paths) else ""
+  return ""
+
+
 class HostRows(grain.transforms.Map):
   """Global batch of record indices [B] -> this host's contiguous rows [B / P]."""
 
@@ -241,11 +276,11 @@ class HostRows(grain.transforms.Map):
 class ReadBatch(grain.transforms.Map):
   """Batch of record indices [B] -> decoded batch (reads the records in one call)."""
 
-  def __init__(self, source):
-    self._source = source
+  def __init__(self, source, dataset_dir: str, split: str):
+    self._source, self._dataset_dir, self._split = source, dataset_dir, split
 
   def map(self, indices: np.ndarray) -> Batch:
-    return decode_records(self._source.__getitems__(indices.tolist()))
+    return read_rows(self._source, indices.tolist(), self._dataset_dir, self._split)
 
 
 def _split_source(dataset_dir: str, split: str):
@@ -283,7 +318,8 @@ def make_train_iterator(
   # this host's) a batch at a time.
   dataset = grain.MapDataset.range(len(source)).shuffle(seed=seed).repeat(None)
   dataset = dataset.batch(global_batch_size, drop_remainder=True)
-  dataset = dataset.map(HostRows(process_index, batch_size)).map(ReadBatch(source))
+  dataset = dataset.map(HostRows(process_index, batch_size)).map(
+      ReadBatch(source, dataset_dir, blocks.TRAIN))
   iter_dataset = dataset.to_iter_dataset(grain.ReadOptions(
       num_threads=_READ_THREADS, prefetch_buffer_size=_READ_BUFFER))
   if num_workers > 0:
@@ -305,6 +341,7 @@ class EvalBatches:
   def __init__(self, dataset_dir: str, *, global_batch_size: int, process_index: int,
                process_count: int, max_batches: int = 0):
     self._source = _split_source(dataset_dir, blocks.VALIDATION)
+    self._dataset_dir = dataset_dir
     self.num_rows = len(self._source)
     self._rows = lambda: batching.eval_rows(self.num_rows, global_batch_size, process_index,
                                             process_count, max_batches)
@@ -315,7 +352,7 @@ class EvalBatches:
 
   def __iter__(self) -> Iterator[Batch]:
     for indices, weights in self._rows():
-      batch = decode_records(list(self._source.__getitems__([int(i) for i in indices])))
+      batch = read_rows(self._source, indices, self._dataset_dir, blocks.VALIDATION)
       batch["example_weight"] = weights  # [B]
       yield batch
 

@@ -237,10 +237,10 @@ def _write_shards(
 
 
 def _check_splits(split_stats: dict[str, blocks.BlockStats],
-                  settings: blocks.ExampleSettings) -> None:
-  """Raises when the train split has no row; warns of an empty validation split and of NSP
-  chunks that had no other document to draw a random next segment from."""
-  for split, stats in split_stats.items():
+                  settings: blocks.ExampleSettings, warn: bool = True) -> None:
+  """Raises when the train split has no row; warns (unless not `warn`) of an empty validation
+  split and of NSP chunks that had no other document to draw a random next segment from."""
+  for split, stats in split_stats.items() if warn else ():
     if stats.random_next_to_continuation or stats.random_next_skipped:
       # A split of one document (its NSP labels all 0): say so rather than skew eval silently.
       logging.warning(
@@ -251,7 +251,7 @@ def _check_splits(split_stats: dict[str, blocks.BlockStats],
           stats.random_next_to_continuation, stats.random_next_skipped)
   if not split_stats[blocks.TRAIN].rows:
     raise ValueError(_no_training_rows(split_stats, settings))
-  if not split_stats[blocks.VALIDATION].rows:
+  if warn and not split_stats[blocks.VALIDATION].rows:
     logging.warning("prepare: %s", _empty_validation(split_stats, settings))
 
 
@@ -328,18 +328,50 @@ def load_meta(dataset_dir: str) -> dict[str, Any]:
   if not storage.isfile(path):
     raise ValueError(f"{dataset_dir!r} is not a prepared bert_jax dataset (no {META_FILE}); "
                      "prepare it with launch/prepare_data.py.")
-  meta = json.loads(storage.read_text(path))
+  try:
+    meta = json.loads(storage.read_text(path))
+  except (UnicodeDecodeError, json.JSONDecodeError) as e:
+    raise ValueError(f"{path} is not valid JSON ({e}); prepare the dataset again with "
+                     "launch/prepare_data.py.") from e
+  if not isinstance(meta, dict):
+    raise ValueError(f"{path} is not a bert_jax dataset's metadata (a JSON object); prepare the "
+                     "dataset again with launch/prepare_data.py.")
   if meta.get("format_version") != FORMAT_VERSION:
     raise ValueError(f"{dataset_dir!r} was prepared in format_version "
                      f"{meta.get('format_version')} of bert_jax datasets; this version reads "
                      f"{FORMAT_VERSION} (packed rows): prepare the dataset again with "
                      "launch/prepare_data.py.")
+  missing = [key for key in _REQUIRED_META if key not in meta]
+  if missing:
+    raise ValueError(f"{path} lacks {', '.join(missing)}: not a complete bert_jax dataset's "
+                     "metadata; prepare the dataset again with launch/prepare_data.py.")
   return meta
+
+
+# What training reads of bert_meta.json (`_meta` writes them all).
+_REQUIRED_META = ("vocab_size", "vocab_dir", "pad_id", "unk_id", "cls_id", "sep_id", "mask_id",
+                  "special_ids", "max_seq_length", "objective", "max_examples_per_row", "splits")
+
+
+def vocab_dir(dataset_dir: str, meta: dict[str, Any]) -> str:
+  """The vocabulary of a prepared dataset: its `vocab_dir`, which must lie inside it. The rows'
+  ids are that vocabulary's; a bert_meta.json naming one elsewhere (another dataset's, edited
+  by hand) would train silently on other pieces."""
+  name = meta["vocab_dir"]
+  parts = os.path.normpath(name).split(os.sep) if isinstance(name, str) else [".."]
+  if not isinstance(name, str) or not name or os.path.isabs(name) or "://" in name or (
+      ".." in parts):
+    raise ValueError(
+        f"{storage.join(dataset_dir, META_FILE)}: vocab_dir {name!r} lies outside the dataset: "
+        "a dataset's rows are ids of the vocabulary it was prepared with, kept in the dataset "
+        f"({VOCAB_DIR}/). If {name!r} is that vocabulary, copy it to "
+        f"{storage.join(dataset_dir, VOCAB_DIR)} and set \"vocab_dir\": \"{VOCAB_DIR}\"; "
+        "otherwise prepare the dataset again with it (launch/prepare_data.py --vocab)")
+  return storage.join(dataset_dir, name)
 
 
 def load_vocab(dataset_dir: str):
   """The vocabulary saved with a prepared dataset."""
   from bert_jax.data import vocab as vocab_lib
 
-  meta = load_meta(dataset_dir)
-  return vocab_lib.Vocab.load(storage.join(dataset_dir, meta.get("vocab_dir", VOCAB_DIR)))
+  return vocab_lib.Vocab.load(vocab_dir(dataset_dir, load_meta(dataset_dir)))

@@ -4,6 +4,7 @@
 fingerprint, and the vocabulary given (--vocab) or trained on the corpus.
 """
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -98,6 +99,23 @@ def prepare_corpus(
   return meta
 
 
+@contextlib.contextmanager
+def _without_gcp_extras_warning() -> Iterator[None]:
+  """Importing Beam without its [gcp] extras warns "apitools not found, and bigquery client
+  libraries are not available": bert_jax uses neither (Dataflow installs apache-beam[gcp])."""
+  def not_it(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("apitools not found")
+  root = logging.getLogger()
+  filters = [(handler, not_it) for handler in root.handlers]
+  for handler, found in filters:
+    handler.addFilter(found)
+  try:
+    yield
+  finally:
+    for handler, found in filters:
+      handler.removeFilter(found)
+
+
 def _prepare_beam(output_dir: str, source: CorpusSource, vocab: VocabSource,
                   settings: blocks.ExampleSettings, runner: str,
                   options: Sequence[str]) -> dict[str, Any]:
@@ -107,12 +125,14 @@ def _prepare_beam(output_dir: str, source: CorpusSource, vocab: VocabSource,
     raise ValueError(f"--beam_runner reads --input files (got {chosen_source(source)}); prepare "
                      "a TFDS dataset or the built-in corpus without --beam_runner.")
   try:
-    from bert_jax.data import beam  # pylint: disable=g-import-not-at-top
+    with _without_gcp_extras_warning():
+      from bert_jax.data import beam  # pylint: disable=g-import-not-at-top
   except ImportError as e:
     raise ValueError(f"--beam_runner needs Apache Beam ({e}): pip install -r "
                      "requirements-beam.txt") from None
   if runner not in beam.RUNNERS:
     raise ValueError(f"--beam_runner={runner!r} is not one of {', '.join(beam.RUNNERS)}")
+  beam.check_options(options)
   _, _, fingerprint, named = _documents(source)
   paths = corpus.expand_paths(source.input)
   sample = _vocab_sample(paths, settings.seed)
@@ -196,6 +216,7 @@ def _documents(source: CorpusSource) -> tuple[
     return documents, lambda: holder["stats"], fingerprint, named
 
   paths = corpus.expand_paths(source.input)
+  corpus.check_text_files(paths)
   reader = (corpus.iter_bert_format if source.input_format == "bert"
             else corpus.iter_paragraph_text)
   digest = hashlib.sha256()

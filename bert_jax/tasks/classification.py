@@ -8,6 +8,7 @@ MSE and Pearson for regression. Shapes: B batch, L sequence length, H hidden, C 
 """
 
 import dataclasses
+import math
 from typing import Any, Sequence
 
 import flax.linen as nn
@@ -138,10 +139,14 @@ class ClassificationTask(FinetuneTask):
     if not self.settings.regression:
       return finetune_data.label_index(record, value, self.settings.labels)
     try:
-      return float(value)
+      score = float(value)
     except ValueError as e:
       raise ValueError(f"{finetune_data.where(record)}: regression label {value!r} is not a "
                        "number") from e
+    if not math.isfinite(score):  # NaN would show only as a non-finite loss, much later.
+      raise ValueError(f"{finetune_data.where(record)}: regression label {value!r} is not a "
+                       "finite number")
+    return score
 
   def predictions(self, outputs: dict[str, np.ndarray], data: TaskData) -> list[dict[str, Any]]:
     """{"label", "label_index", "probabilities"} per example; {"score"} for regression."""

@@ -22,6 +22,7 @@ Parameter names follow HF's, so an export (`bert_jax/hf_export.py`) writes them 
 """
 
 import dataclasses
+import warnings
 from typing import Any, ClassVar, Sequence, Self
 
 import flax.linen as nn
@@ -331,3 +332,15 @@ class FinetuneTask(Task):
 
   def main_metric(self) -> str:
     raise NotImplementedError
+
+  def metric_names(self) -> list[str] | None:
+    """What an evaluation reports, so that config.train.best_metric is checked before training:
+    the loss and the task's scores of no examples (their names do not depend on the data; a
+    task whose scores do adds those names). None when the task cannot score no examples (a
+    task of a user's: its metric is then checked at the first evaluation)."""
+    with warnings.catch_warnings():
+      warnings.simplefilter("ignore")  # Means of nothing.
+      try:
+        return sorted({"loss", *self.score([], TaskData("", {}, []))})
+      except Exception:  # pylint: disable=broad-except  (a score that needs examples)
+        return None

@@ -610,6 +610,13 @@ class QATask(FinetuneTask):
   def main_metric(self) -> str:
     return "f1"
 
+  def metric_names(self) -> list[str]:
+    names = super().metric_names()
+    if names is None or not self.settings.version_2_with_negative:
+      return names
+    # squad_v2_scores names these only when the questions include that kind.
+    return sorted({*names, "HasAns_exact", "HasAns_f1", "NoAns_exact", "NoAns_f1"})
+
   def describe(self, split: str, data: QAData) -> str:
     line = (f"{split}: {len(data.examples)} questions from {data.source} in {len(data)} windows "
             f"of max_seq_length={self.settings.max_seq_length} (doc_stride "
