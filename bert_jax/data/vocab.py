@@ -425,24 +425,7 @@ def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size:
     try:
       _in_thread(lambda: train(vocab_size))
     except RuntimeError as e:
-      too_high = _TOO_HIGH.search(str(e))
-      too_small = _TOO_SMALL.search(str(e))
-      if _NO_TEXT.search(str(e)):
-        raise ValueError(f"No text to train the sentencepiece vocabulary on in {source}: "
-                         f"none of its {count} sentences has a character sentencepiece keeps "
-                         "after its NFKC normalisation (only control or zero-width "
-                         "characters?).") from e
-      if too_small:
-        raise ValueError(f"--vocab_size={vocab_size} is smaller than the {too_small.group(2)} "
-                         f"characters the corpus needs; raise it.") from e
-      if not too_high:
-        raise
-      maximum = int(too_high.group(2))
-      if not allow_smaller_vocab:
-        raise ValueError(
-            f"--vocab_size={vocab_size} is too large for this corpus ({count} sentences): "
-            f"sentencepiece supports at most {maximum}. Set --vocab_size<={maximum}, use more "
-            f"text, or allow the smaller vocabulary (allow_smaller_vocab).") from e
+      maximum = _supported_size(e, vocab_size, count, source, allow_smaller_vocab)
       logger.warning("--vocab_size=%d is too large for this corpus; training a vocabulary of "
                       "%d (the maximum sentencepiece supports) instead.", vocab_size, maximum)
       _in_thread(lambda: train(maximum))
@@ -450,6 +433,32 @@ def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size:
   with open(model_prefix + ".vocab", "w", encoding="utf-8") as f:
     f.write(vocab.sentencepiece_vocab_text())
   return vocab
+
+
+def _supported_size(error: RuntimeError, vocab_size: int, count: int, source: str,
+                    allow_smaller_vocab: bool) -> int:
+  """The vocabulary size to train again with after sentencepiece's `error` (its maximum, when
+  `vocab_size` was too high and a smaller one is allowed); raises ValueError saying what is
+  wrong otherwise, or `error` itself when it is none of those."""
+  too_high = _TOO_HIGH.search(str(error))
+  too_small = _TOO_SMALL.search(str(error))
+  if _NO_TEXT.search(str(error)):
+    raise ValueError(f"No text to train the sentencepiece vocabulary on in {source}: "
+                     f"none of its {count} sentences has a character sentencepiece keeps "
+                     "after its NFKC normalisation (only control or zero-width "
+                     "characters?).") from error
+  if too_small:
+    raise ValueError(f"--vocab_size={vocab_size} is smaller than the {too_small.group(2)} "
+                     f"characters the corpus needs; raise it.") from error
+  if not too_high:
+    raise error
+  maximum = int(too_high.group(2))
+  if not allow_smaller_vocab:
+    raise ValueError(
+        f"--vocab_size={vocab_size} is too large for this corpus ({count} sentences): "
+        f"sentencepiece supports at most {maximum}. Set --vocab_size<={maximum}, use more "
+        f"text, or allow the smaller vocabulary (allow_smaller_vocab).") from error
+  return maximum
 
 
 _SP_RESERVED = "\u2585"  # sentencepiece's kUNKChar: it skips any training sentence holding it.
