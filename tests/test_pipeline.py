@@ -2,6 +2,7 @@
 
 import collections
 import dataclasses
+import importlib.metadata
 import json
 import os
 import random
@@ -16,6 +17,7 @@ import pytest
 from bert_jax.data import corpus
 from bert_jax.data import blocks
 from bert_jax.data import builtin
+from bert_jax.data import builtin_selection
 from bert_jax.data import packing
 from bert_jax.data import pipeline
 from bert_jax.data import prepare
@@ -404,7 +406,8 @@ def test_builtin_is_prepared_once_then_read(tmp_path, monkeypatch):
   assert os.path.getmtime(os.path.join(dataset_dir, prepare.META_FILE)) == stamp
   # A package installed between preparing and reading changes the corpus key: the reader takes
   # the directory ensure_builtin returned (bert_jax/train.py), not a second look at the corpus.
-  monkeypatch.setattr(corpus, "builtin_corpus_fingerprint", lambda: "another corpus")
+  another_corpus = dataclasses.replace(builtin_selection.current(), fingerprint="another")
+  monkeypatch.setattr(builtin_selection, "current", lambda: another_corpus)
   with pytest.raises(ValueError, match="not prepared"):
     pipeline.resolve_dataset(config, str(tmp_path))
   assert pipeline.resolve_dataset(config, str(tmp_path), dataset_dir) == (dataset_dir, meta)
@@ -415,8 +418,13 @@ def test_builtin_is_prepared_once_then_read(tmp_path, monkeypatch):
   run = str(tmp_path / "run")
   assert builtin.run_dataset(str(tmp_path), settings, run) == dataset_dir
   with open(os.path.join(run, builtin.RUN_RECORD)) as f:
-    assert json.load(f)["dataset"] == os.path.basename(dataset_dir)
-  monkeypatch.setattr(corpus, "builtin_corpus_fingerprint", lambda: "another corpus")
+    record = json.load(f)
+  assert record["dataset"] == os.path.basename(dataset_dir)
+  # It names the selection its corpus was read from, and its fingerprint (that of the data).
+  assert record["corpus"]["selection"] == builtin_selection.NAME
+  assert record["corpus"]["fingerprint"] == meta["corpus_fingerprint"]
+  assert record["corpus"]["versions"]["jax"] == importlib.metadata.version("jax")
+  monkeypatch.setattr(builtin_selection, "current", lambda: another_corpus)
   assert builtin.dataset_dir(str(tmp_path), settings) != dataset_dir  # A new run's dataset.
   assert builtin.run_dataset(str(tmp_path), settings, run) == dataset_dir  # The run's own.
   assert os.listdir(tmp_path / "data") == [os.path.basename(dataset_dir)]  # Nothing prepared.

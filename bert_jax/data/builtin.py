@@ -5,7 +5,9 @@ Training prepares it once into a cache directory named by the key (`ensure_built
 `<root>/data/builtin-<key>`, `bert_jax/train.py`), and a run keeps the one it started with
 across restarts (`run_dataset`), then reads it like any prepared dataset
 (`pipeline.resolve_dataset`, which only reads); `launch/prepare_data.py --builtin` prepares the
-same dataset (same corpus, vocabulary, rows and fingerprint) into its --output_dir.
+same dataset (same corpus, vocabulary, rows and fingerprint) into its --output_dir. The corpus is
+the pinned selection of installed files `builtin_selection` names (the same bytes wherever its
+pinned versions are installed; a warning names each component that differs).
 """
 
 import dataclasses
@@ -21,6 +23,7 @@ from absl import logging
 
 from bert_jax import storage
 from bert_jax.data import blocks
+from bert_jax.data import builtin_selection
 from bert_jax.data import corpus
 from bert_jax.data import packing
 from bert_jax.data import prepare
@@ -43,8 +46,8 @@ LAUNCHER_FLAGS = SettingFlags("launch/prepare_data.py --builtin", "--vocab_size"
 
 @dataclasses.dataclass(frozen=True)
 class BuiltinSettings:
-  """Everything that makes one built-in dataset differ from another, besides the installed
-  files (`corpus.builtin_corpus_fingerprint`): the fields of its cache key."""
+  """Everything that makes one built-in dataset differ from another, besides the selection's
+  files (`builtin_selection.current().fingerprint`): the fields of its cache key."""
 
   vocab_size: int  # Of the sentencepiece vocabulary trained on the corpus.
   vocab_model_type: str  # "unigram" or "bpe".
@@ -103,7 +106,7 @@ def cache_key(settings: BuiltinSettings, fingerprint: str) -> str:
 
 def dataset_dir(root: str, settings: BuiltinSettings) -> str:
   """`<root>/data/builtin-<key>`: where training keeps the built-in dataset of `settings`."""
-  key = cache_key(settings, corpus.builtin_corpus_fingerprint())
+  key = cache_key(settings, builtin_selection.current().fingerprint)
   return storage.join(storage.absolute(root), "data", f"builtin-{key}")
 
 
@@ -128,7 +131,9 @@ def ensure_builtin(root: str, settings: BuiltinSettings, *,
 
 
 # In a training workdir: the built-in dataset the run trains on ({"dataset": "builtin-<key>",
-# "settings": its BuiltinSettings}), so that a restart keeps reading it (`run_dataset`).
+# "settings": its BuiltinSettings, "corpus": `Selection.record()`: the selection's name, its
+# fingerprint, whether it is the reference, the versions read and how they differ from the
+# pins}), so that a restart keeps reading it (`run_dataset`).
 RUN_RECORD = "builtin_dataset.json"
 
 
@@ -138,7 +143,7 @@ def run_dataset(root: str, settings: BuiltinSettings, workdir: str, *,
   `<root>/data` holds it and the settings are the same; else `ensure_builtin`'s, recorded in
   `workdir` (when `record`: process 0) for the next start.
 
-  The corpus is the installed Python files: a package installed or upgraded between two starts
+  The corpus is the selection's installed files: one of its packages upgraded between two starts
   is another corpus, so another cache key, and its vocabulary (retrained) would not be the one
   in the run's checkpoints, which resume refuses. A run keeps its own dataset instead.
   """
@@ -151,14 +156,17 @@ def run_dataset(root: str, settings: BuiltinSettings, workdir: str, *,
         and storage.isfile(storage.join(path, prepare.META_FILE))):
       if path != dataset_dir(root, settings):
         logging.warning(
-            "The installed Python files (the built-in corpus) changed since %s started; it goes "
+            "The installed files of the built-in corpus (%s) changed since %s started; it goes "
             "on with the built-in dataset it started with, %s (a new workdir takes the new "
-            "corpus)", workdir, path)
+            "corpus)", builtin_selection.NAME, workdir, path)
       return path
+  selection = builtin_selection.current()
+  builtin_selection.warn_if_not_reference(selection)
   path = ensure_builtin(root, settings)
   if record:
     storage.write_text(record_path, json.dumps(
-        {"dataset": os.path.basename(path), "settings": settings_json}, indent=2))
+        {"dataset": os.path.basename(path), "settings": settings_json,
+         "corpus": selection.record()}, indent=2))
   return path
 
 
@@ -169,14 +177,16 @@ def prepare_builtin(
   """Prepares the built-in corpus with `settings` into `output_dir` (absent or empty, local or
   gs://); returns the metadata written.
 
-  Parsing the docstrings of every installed module is the slow part: it is done once, into a
+  Parsing the docstrings of the selection's modules is the slow part: it is done once, into a
   spooled text file (next to a local `output_dir`, else in $TMPDIR) read twice, to train the
   sentencepiece vocabulary and to build the rows (`prepare.prepare_dataset`, `num_workers` as
   there). `flags` spell the fixes in the error messages.
   """
   prepare.check_output_dir(output_dir)  # Before any slow work.
   settings.examples.validate()
-  fingerprint = corpus.builtin_corpus_fingerprint()
+  selection = builtin_selection.current()
+  builtin_selection.warn_if_not_reference(selection)
+  fingerprint = selection.fingerprint
   work_parent = None
   if not storage.is_remote(output_dir):
     work_parent = os.path.dirname(storage.absolute(output_dir))

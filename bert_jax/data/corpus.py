@@ -7,8 +7,9 @@ so a corpus never has to fit in memory. Sources:
 - `iter_paragraph_text`: plain text, blank-line-separated documents, split into sentences here.
 - `iter_tfds_text`: a TFDS text dataset (e.g. `wikipedia/20230601.en`), read through
   `tfds.data_source` (ArrayRecord; no TensorFlow needed).
-- `iter_builtin_docstrings`: the docstrings of the installed Python standard library and
-  site-packages, a default corpus available offline on every machine.
+- `iter_builtin_docstrings`: the docstrings of a pinned selection of installed files (Python's
+  standard library and requirements.txt's packages, `builtin_selection.py`), a default corpus
+  available offline on every machine, the same wherever the pinned versions are installed.
 """
 
 from __future__ import annotations
@@ -21,12 +22,12 @@ import hashlib
 import logging
 import os
 import re
-import sysconfig
 import threading
 import warnings
 from typing import Iterable, Iterator, Sequence
 
 from bert_jax import storage
+from bert_jax.data import builtin_selection
 
 logger = logging.getLogger(__name__)
 
@@ -332,55 +333,10 @@ def iter_tfds_text(name: str, split: str = "train", field: str = "text",
 
 
 # ---------------------------------------------------------------------------------------------
-# Built-in corpus: docstrings of the installed Python
+# Built-in corpus: docstrings of the pinned selection of installed files (builtin_selection.py)
 
-# Bump when the extraction below changes, so data cached by the fingerprint is rebuilt.
-BUILTIN_CORPUS_VERSION = 2
-_SKIP_DIRS = frozenset({"test", "tests", "testing", "idle_test", "__pycache__", "site-packages",
-                        "dist-packages", "lib2to3", "turtledemo", "ensurepip", "benchmarks",
-                        "_vendor", "vendored"})
 _MIN_DOC_CHARS = 80
 _MIN_DOC_SENTENCES = 2
-
-
-def _builtin_roots() -> list[tuple[str, str]]:
-  """(label, directory) of the stdlib and site-packages, without duplicates."""
-  paths = sysconfig.get_paths()
-  roots: list[tuple[str, str]] = []
-  for label in ("stdlib", "purelib"):
-    root = os.path.realpath(paths[label])
-    if os.path.isdir(root) and root not in [r for _, r in roots]:
-      roots.append((label, root))
-  return roots
-
-
-def _builtin_files() -> list[tuple[str, str, str]]:
-  """(label, relative path, absolute path) of every .py file, in a machine-independent order."""
-  files = []
-  for label, root in _builtin_roots():
-    found = []
-    for directory, dirnames, filenames in os.walk(root):
-      dirnames[:] = sorted(d for d in dirnames
-                           if d.lower() not in _SKIP_DIRS and not d.startswith(".")
-                           and not d.endswith((".dist-info", ".egg-info")))
-      for filename in filenames:
-        if (filename.endswith(".py") and not filename.startswith("test_")
-            and not filename.endswith("_test.py")):
-          path = os.path.join(directory, filename)
-          found.append((os.path.relpath(path, root).replace(os.sep, "/"), path))
-    files.extend((label, rel, path) for rel, path in sorted(found))
-  return files
-
-
-def builtin_corpus_fingerprint() -> str:
-  """A hash of what `iter_builtin_docstrings` reads (file list and sizes) and how (version).
-
-  Equal fingerprints mean an equal corpus, so data prepared from it can be cached by it.
-  """
-  digest = hashlib.sha256(f"bert_jax builtin corpus v{BUILTIN_CORPUS_VERSION}\n".encode())
-  for label, rel, path in _builtin_files():
-    digest.update(f"{label}/{rel}\t{os.path.getsize(path)}\n".encode())
-  return digest.hexdigest()[:16]
 
 
 _DOCTEST = re.compile(r"^\s*(>>>|\.\.\.\s)")
@@ -506,18 +462,19 @@ def _file_documents(path: str) -> tuple[int, list[Document]]:
 
 def iter_builtin_docstrings(max_bytes: int = 0, stats: CorpusStats | None = None,
                             num_workers: int = 0) -> Iterator[Document]:
-  """Documents from the docstrings of the installed standard library and site-packages.
+  """Documents from the docstrings of the built-in selection's files (`builtin_selection`).
 
   Each module, class and function docstring with at least two prose sentences and 80 characters
-  is a document. Files are parsed with `ast` (never imported) in sorted order, and repeated
-  documents (copied docstrings) are kept once, so the same installation yields the same corpus on
-  every machine (`builtin_corpus_fingerprint` identifies it). `max_bytes` > 0 stops once that many
-  UTF-8 bytes of sentences (one newline each) have been yielded. `num_workers` > 1 parses in
-  that many spawned processes (the calling script needs an `if __name__ == "__main__":` guard,
-  as for any multiprocessing); the output is the same, results are taken in file order.
+  is a document. Files are parsed with `ast` (never imported) in the selection's order, and
+  repeated documents (copied docstrings) are kept once, so the same files yield the same corpus
+  on every machine (`builtin_selection.current().fingerprint` identifies them). `max_bytes` > 0
+  stops once that many UTF-8 bytes of sentences (one newline each) have been yielded.
+  `num_workers` > 1 parses in that many spawned processes (the calling script needs an
+  `if __name__ == "__main__":` guard, as for any multiprocessing); the output is the same,
+  results are taken in file order.
   """
   stats = CorpusStats() if stats is None else stats
-  paths = [path for _, _, path in _builtin_files()]
+  paths = builtin_selection.current().paths
   seen: set[bytes] = set()
   total = 0
   pool = None

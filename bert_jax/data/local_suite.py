@@ -17,8 +17,9 @@ requires both), so nothing is downloaded.
 The same installed files give the same bytes on every call: files are read in sorted order,
 every draw is seeded, and every split is by source file (a module's text is all in train or
 all in validation); text found in both is dropped from validation. The pretraining corpus
-(`corpus.iter_builtin_docstrings`) holds these docstrings too, markup stripped, without labels:
-pretraining sees the text of the tasks, as BERT's Wikipedia held that of many benchmarks.
+(`corpus.iter_builtin_docstrings`: numpy and scipy are in its selection, at requirements.txt's
+pins) holds these docstrings too, markup stripped, without labels: pretraining sees the text of
+the tasks, as BERT's Wikipedia held that of many benchmarks.
 """
 
 import ast

@@ -239,11 +239,16 @@ class Vocab:
     name, content = self.model_file()
     storage.write_bytes(storage.join(directory, name), content)
     if self.kind == "sentencepiece":  # Human-readable, as spm's .vocab file.
-      storage.write_text(storage.join(directory, "sentencepiece.vocab"), "".join(
-          f"{piece}\t{self._processor.get_score(i):g}\n" for i, piece in enumerate(self._pieces)))
+      storage.write_text(storage.join(directory, "sentencepiece.vocab"),
+                         self.sentencepiece_vocab_text())
     config = {"kind": self.kind, "file": name, "lowercase": self.lowercase, "size": self.size,
               "special_ids": dict(zip(SPECIAL_PIECES, self.special_ids))}
     storage.write_text(storage.join(directory, CONFIG_FILE), json.dumps(config, indent=2))
+
+  def sentencepiece_vocab_text(self) -> str:
+    """spm's `.vocab` file: a line per piece, its score after a tab."""
+    return "".join(f"{piece}\t{self._processor.get_score(i):g}\n"
+                   for i, piece in enumerate(self._pieces))
 
   # ------------------------------------------------------------------------- encoding
   def encode(self, text: str, split_special_tokens: bool = False) -> list[int]:
@@ -401,42 +406,59 @@ def train_sentencepiece(sentences: Iterable[str], model_prefix: str, vocab_size:
           yield line.rstrip("\n")
 
     def train(size: int) -> None:
-      # An iterator rather than input=spool: the model file would record the temporary path.
+      # An iterator rather than input=spool, and the model's bytes rather than model_prefix:
+      # the model file would record the temporary path or the prefix (a temporary directory
+      # when the built-in corpus is prepared), and the same text would give other bytes.
       spm.set_random_generator_seed(seed)
+      model = io.BytesIO()
       spm.SentencePieceTrainer.train(
-          sentence_iterator=spooled(), model_prefix=model_prefix, vocab_size=size, model_type=model_type,
+          sentence_iterator=spooled(), model_writer=model, vocab_size=size, model_type=model_type,
           character_coverage=character_coverage, byte_fallback=byte_fallback,
           normalization_rule_name="nmt_nfkc", input_sentence_size=input_sentence_size,
           shuffle_input_sentence=True, max_sentence_length=max_sentence_length,
           num_threads=num_threads, pad_id=0, unk_id=1, bos_id=-1, eos_id=-1,
           pad_piece="[PAD]", unk_piece="[UNK]", control_symbols="[CLS],[SEP],[MASK]",
           hard_vocab_limit=True, minloglevel=2)
+      with open(model_prefix + ".model", "wb") as f:
+        f.write(model.getvalue())
 
     try:
       _in_thread(lambda: train(vocab_size))
     except RuntimeError as e:
-      too_high = _TOO_HIGH.search(str(e))
-      too_small = _TOO_SMALL.search(str(e))
-      if _NO_TEXT.search(str(e)):
-        raise ValueError(f"No text to train the sentencepiece vocabulary on in {source}: "
-                         f"none of its {count} sentences has a character sentencepiece keeps "
-                         "after its NFKC normalisation (only control or zero-width "
-                         "characters?).") from e
-      if too_small:
-        raise ValueError(f"--vocab_size={vocab_size} is smaller than the {too_small.group(2)} "
-                         f"characters the corpus needs; raise it.") from e
-      if not too_high:
-        raise
-      maximum = int(too_high.group(2))
-      if not allow_smaller_vocab:
-        raise ValueError(
-            f"--vocab_size={vocab_size} is too large for this corpus ({count} sentences): "
-            f"sentencepiece supports at most {maximum}. Set --vocab_size<={maximum}, use more "
-            f"text, or allow the smaller vocabulary (allow_smaller_vocab).") from e
+      maximum = _supported_size(e, vocab_size, count, source, allow_smaller_vocab)
       logger.warning("--vocab_size=%d is too large for this corpus; training a vocabulary of "
                       "%d (the maximum sentencepiece supports) instead.", vocab_size, maximum)
       _in_thread(lambda: train(maximum))
-  return Vocab.from_sentencepiece(model_prefix + ".model")
+  vocab = Vocab.from_sentencepiece(model_prefix + ".model")
+  with open(model_prefix + ".vocab", "w", encoding="utf-8") as f:
+    f.write(vocab.sentencepiece_vocab_text())
+  return vocab
+
+
+def _supported_size(error: RuntimeError, vocab_size: int, count: int, source: str,
+                    allow_smaller_vocab: bool) -> int:
+  """The vocabulary size to train again with after sentencepiece's `error` (its maximum, when
+  `vocab_size` was too high and a smaller one is allowed); raises ValueError saying what is
+  wrong otherwise, or `error` itself when it is none of those."""
+  too_high = _TOO_HIGH.search(str(error))
+  too_small = _TOO_SMALL.search(str(error))
+  if _NO_TEXT.search(str(error)):
+    raise ValueError(f"No text to train the sentencepiece vocabulary on in {source}: "
+                     f"none of its {count} sentences has a character sentencepiece keeps "
+                     "after its NFKC normalisation (only control or zero-width "
+                     "characters?).") from error
+  if too_small:
+    raise ValueError(f"--vocab_size={vocab_size} is smaller than the {too_small.group(2)} "
+                     f"characters the corpus needs; raise it.") from error
+  if not too_high:
+    raise error
+  maximum = int(too_high.group(2))
+  if not allow_smaller_vocab:
+    raise ValueError(
+        f"--vocab_size={vocab_size} is too large for this corpus ({count} sentences): "
+        f"sentencepiece supports at most {maximum}. Set --vocab_size<={maximum}, use more "
+        f"text, or allow the smaller vocabulary (allow_smaller_vocab).") from error
+  return maximum
 
 
 _SP_RESERVED = "\u2585"  # sentencepiece's kUNKChar: it skips any training sentence holding it.
