@@ -28,3 +28,22 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
+
+# The suite runs on 2 xdist workers a file at a time (`--dist loadfile --no-loadscope-reorder`,
+# README's command). xdist's default order (most tests first) left the few-test, long files
+# (multi-process, bucket, mesh sweep) for the end, where one worker ran them alone. Longest file
+# first balances the two workers (the longest-processing-time rule): the files below, from the
+# suite's `--durations` (longest first), then the rest in name order. Reorder from a fresh
+# `--durations=0` when a file's weight changes a lot.
+HEAVIEST_FILES = (
+    "test_train_e2e.py", "test_cloud_workdir.py", "test_finetune.py", "test_modern_encoder.py",
+    "test_multihost.py", "test_train_step.py", "test_beam_prepare.py", "test_interop.py",
+    "test_hf_heads.py", "test_downstream.py", "test_pipeline.py", "test_task_extension.py",
+    "test_mesh_sweep.py", "test_two_phase.py", "test_optimizer.py",
+    "test_attention_and_vocab_padding.py", "test_model.py", "test_layout.py")
+
+
+def pytest_collection_modifyitems(items):
+  """Heaviest files first (see HEAVIEST_FILES); the order within a file is kept."""
+  rank = {name: i for i, name in enumerate(HEAVIEST_FILES)}
+  items.sort(key=lambda item: rank.get(os.path.basename(str(item.path)), len(rank)))
