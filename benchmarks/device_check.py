@@ -221,6 +221,21 @@ def _compile(config, task, mesh, device_bytes: float | None):
     config.train.batch_size = config.train.eval_batch_size = config.train.batch_size // 2
 
 
+def shape_name(shape: Shape) -> str:
+  """model:L:attention, as --only names a shape."""
+  return f"{shape.model}:{shape.seq_len}:{shape.impl}"
+
+
+def select_shapes(shapes: tuple[Shape, ...], only: str) -> tuple[Shape, ...]:
+  """The shapes --only names, in the plan's order; an unknown name is refused."""
+  names = [name for name in only.split(",") if name]
+  known = [shape_name(shape) for shape in shapes]
+  unknown = [name for name in names if name not in known]
+  if unknown:
+    raise SystemExit(f"error: --only names unknown shapes {unknown}; known: {', '.join(known)}")
+  return tuple(shape for shape in shapes if shape_name(shape) in names)
+
+
 def run_shape(shape: Shape, plan: Plan, scale: float, peak: float, device) -> dict[str, Any]:
   """Compiles and times one shape at `scale` x the estimated batch; returns its row (raises on
   failure)."""
@@ -334,7 +349,8 @@ def prepare_only(plan: Plan, cache_dir: str) -> None:
 
 
 def real_data(plan: Plan, impl: str, cache_dir: str, preparation: subprocess.Popen,
-              prep_log: str, deadline: float, emit: Callable) -> bool | None:
+              prep_log: str, deadline: float, emit: Callable,
+              dtypes: tuple[str, ...] = ("bfloat16", "float32")) -> bool | None:
   """Section 2: bf16 vs f32 held-out MLM loss. -> agreement (None: not run)."""
   from bert_jax import train  # pylint: disable=import-outside-toplevel
   row = {"section": "real_data", "steps": plan.real_steps, "attention_impl": impl,
@@ -352,7 +368,7 @@ def real_data(plan: Plan, impl: str, cache_dir: str, preparation: subprocess.Pop
                                              + prep_output[-2000:]})
     return False
   losses = {}
-  for dtype in ("bfloat16", "float32"):
+  for dtype in dtypes:
     start = time.time()
     try:
       with tempfile.TemporaryDirectory(prefix=f"device_check_{dtype}_") as workdir:
@@ -369,7 +385,8 @@ def real_data(plan: Plan, impl: str, cache_dir: str, preparation: subprocess.Pop
           "validation_mlm_loss": validation["mlm_loss"],
           "validation_mlm_accuracy": validation["mlm_accuracy"],
           "train_mlm_loss": result["train"]["mlm_loss"],
-          "real_tokens_per_s": result["train"]["real_tokens_per_sec"]})
+          "real_tokens_per_s": result["train"]["real_tokens_per_sec"],
+          "input_wait_fraction": result["train"].get("input_wait_fraction")})
   difference = abs(losses["bfloat16"] - losses["float32"]) / losses["float32"]
   agree = difference <= 0.02
   emit({**row, "dtype": "bfloat16 vs float32", "status": "ok" if agree else "error",
@@ -424,10 +441,17 @@ def main() -> int:
                            "on a GPU, 100 with --dry_run).")
   parser.add_argument("--output", default="", help="JSON lines (default: benchmarks/results/"
                                                    "device_check[_dry_run].jsonl).")
+  parser.add_argument("--only", default="",
+                      help="Throughput shapes to run, comma-separated model:L:attention names "
+                           "(e.g. base:128:cudnn,base:128:einsum); default: every shape.")
+  parser.add_argument("--real_dtypes", default="bfloat16,float32",
+                      help="The real-data runs' compute dtypes, in the order they run.")
   parser.add_argument("--prepare_only", default="", help=argparse.SUPPRESS)
   args = parser.parse_args()
   sys.path.insert(0, REPO)
   plan = DRY_PLAN if args.dry_run else GPU_PLAN
+  if args.only:
+    plan = dataclasses.replace(plan, shapes=select_shapes(plan.shapes, args.only))
   if args.prepare_only:
     prepare_only(plan, args.prepare_only)
     return 0
@@ -482,7 +506,8 @@ def _check(args, plan: Plan, start: float, deadline: float, cache_dir: str,
     signal.signal(signal.SIGTERM, _stop)
     try:
       fastest = throughput(plan, deadline, peak, device, emit)
-      agree = real_data(plan, fastest or "xla", cache_dir, preparation, prep_log, deadline, emit)
+      agree = real_data(plan, fastest or "xla", cache_dir, preparation, prep_log, deadline, emit,
+                        tuple(args.real_dtypes.split(",")))
     except Stopped:
       stopped = True
     emit({"section": "summary", "seconds": time.time() - start, "fastest_attention": fastest,

@@ -7,6 +7,7 @@ import functools
 
 import flax.linen as nn
 import jax
+import jax.extend
 import jax.numpy as jnp
 import numpy as np
 import pytest
@@ -247,3 +248,53 @@ def test_resuming_with_another_vocabulary_padding_is_refused():
     resume.check_resumable(_SavedCheckpoint(old), task, meta, allow_vocab_change=False)
   resume.check_resumable(_SavedCheckpoint({**old, "vocab_pad_multiple": 64}), task, meta,
                          allow_vocab_change=False)  # 256 rows.
+
+
+def test_layer_init_traced_with_xla_attention_whatever_the_run_uses(monkeypatch):
+  """flax traces a param's init at every apply (its shape check); the stacked layers' init is a
+  vmap over layers, under which jax 0.11's cuDNN attention cannot batch the [B, 1, L, L] mask
+  (the H200 run's reshape TypeError). So the init always traces "xla", whatever the config's
+  attention is; the layers themselves run the config's kernel."""
+  from bert_jax import model as model_lib  # pylint: disable=import-outside-toplevel
+  seen = []
+  original = model_lib._stacked_layer_params  # pylint: disable=protected-access
+
+  def spy(config, *args):
+    seen.append(config.attention_impl)
+    return original(config, *args)
+  monkeypatch.setattr(model_lib, "_stacked_layer_params", spy)
+  config = BertConfig(**dict(SMALL, attention_impl="einsum"))
+  ids, types, segments, positions = _inputs()
+  module = BertForPreTraining(config)
+  variables = jax.eval_shape(module.init, jax.random.key(0), ids, types, segments, positions)
+  jax.eval_shape(lambda v: module.apply(v, ids, types, segments, positions), variables)
+  assert seen and set(seen) == {"xla"}
+
+
+def test_embedding_gradient_scatters_in_float32_under_bfloat16():
+  """The lookups' gradient is a scatter-add into the tables: in float32 (the params' dtype)
+  when the model computes in bfloat16. A bf16 scatter-add there (nn.Embed in the compute dtype)
+  made the small model's bf16 step 17x slower on an H200 (benchmarks/gpu_bf16_lookup.py)."""
+  config = BertConfig(**dict(SMALL, dtype="bfloat16"))
+  ids, types, segments, positions = _inputs()
+  module = BertForPreTraining(config)
+  params = nn.meta.unbox(jax.eval_shape(module.init, jax.random.key(0), ids, types,
+                                        segments, positions)["params"])
+
+  def loss(params):
+    out = module.apply({"params": params}, ids, types, segments, positions)
+    return jax.tree.reduce(lambda a, b: a + b.astype(jnp.float32).sum(), out, 0.0)
+  jaxpr = jax.make_jaxpr(jax.grad(loss))(params)
+  scatters = []
+
+  def walk(jaxpr):
+    for eqn in jaxpr.eqns:
+      if eqn.primitive.name == "scatter-add":
+        scatters.append(eqn.outvars[0].aval)
+      for sub in jax.extend.core.jaxprs_in_params(eqn.params):
+        walk(sub)
+  walk(jaxpr.jaxpr)
+  table_rows = {config.padded_vocab_size, config.type_vocab_size}
+  tables = [aval for aval in scatters if aval.ndim == 2 and aval.shape[0] in table_rows]
+  assert len(tables) == 2, scatters
+  assert all(aval.dtype == jnp.float32 for aval in tables), tables
