@@ -25,6 +25,7 @@ Run (a requirements.txt venv first: `python3.11 -m venv <req-venv> && <req-venv>
       --envs=requirements=<req-venv>/bin/python,test=.venv/bin/python --seeds=0,1,2,3,4 \
       --parallel=2 --work_dir=/tmp/quick_start
   .venv/bin/python benchmarks/quick_start.py --table_only   # the last commit's rows again
+  .venv/bin/python benchmarks/quick_start.py --table_only --commits=a47fd58,f3e8b82
 """
 
 import argparse
@@ -155,13 +156,14 @@ def run_all(args) -> None:
 
 
 def table(rows: list[dict], steps: list[int], goal: float) -> str:
-  head = ("| env | seed | " + " | ".join(f"MLM @{s}" for s in steps)
+  head = ("| env | seed | commit | " + " | ".join(f"MLM @{s}" for s in steps)
           + f" | NSP @{steps[-1]} | unigram MLM / NSP | minutes | corpus fingerprint |")
   lines = [head, "|" + "---|" * (head.count("|") - 1)]
   short = []
   for row in sorted(rows, key=lambda r: (r["env"], r["seed"])):
     if row["returncode"]:
-      lines.append(f"| {row['env']} | {row['seed']} | failed (exit {row['returncode']}) |")
+      lines.append(f"| {row['env']} | {row['seed']} | {row['commit']} | failed (exit "
+                   f"{row['returncode']}) |")
       short.append(row)
       continue
     val = row["validation"]
@@ -170,7 +172,7 @@ def table(rows: list[dict], steps: list[int], goal: float) -> str:
     nsp = val.get(str(steps[-1]), {}).get("nsp_accuracy")
     base = row["unigram"]
     lines.append(
-        f"| {row['env']} | {row['seed']} | " + " | ".join(cells)
+        f"| {row['env']} | {row['seed']} | {row['commit']} | " + " | ".join(cells)
         + f" | {nsp:.1%} | {base['mlm_unigram_accuracy']:.1%} / "
         f"{base['nsp_majority_accuracy']:.1%} | {row['wall_s'] / 60:.1f} | "
         f"{row['corpus']['fingerprint']} |")
@@ -207,14 +209,18 @@ def main() -> None:
   parser.add_argument("--results", default=RESULTS)
   parser.add_argument("--table_only", action="store_true",
                       help="print the table of the results' last commit, run nothing")
+  parser.add_argument("--commits", default="",
+                      help="with --table_only: these commits' runs (comma-separated; the "
+                           "latest run of each env and seed among them) instead of the last's")
   args = parser.parse_args()
   args.steps = [int(s) for s in args.steps.split(",")]
   if args.table_only:
     with open(args.results) as f:
       rows = [json.loads(line) for line in f if line.strip()]
-    last = rows[-1]["commit"]
-    print(f"commit {last}")
-    print(table([r for r in rows if r["commit"] == last], args.steps, args.goal))
+    commits = args.commits.split(",") if args.commits else [rows[-1]["commit"]]
+    latest = {(r["env"], r["seed"]): r for r in rows if r["commit"] in commits}
+    print(f"commits {', '.join(commits)}")
+    print(table(list(latest.values()), args.steps, args.goal))
     return
   args.envs = parse_envs(args.envs)
   args.seeds = [int(s) for s in args.seeds.split(",")]

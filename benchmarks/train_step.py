@@ -50,6 +50,8 @@ RESULTS = os.path.join(REPO, "benchmarks", "results", "train_step.jsonl")
 
 # Model sizes (HuggingFace BertConfig fields); dropout 0.1 everywhere (train mode).
 MODELS = {
+    "tiny": dict(hidden_size=128, num_hidden_layers=2, num_attention_heads=2,
+                 intermediate_size=512),
     "base": dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
                  intermediate_size=3072),
     "small": dict(hidden_size=256, num_hidden_layers=4, num_attention_heads=4,
@@ -69,12 +71,13 @@ def num_predictions(length: int) -> int:
 
 
 # ------------------------------------------------------------------------------------ workers
-def make_batch(batch: int, length: int, predictions: int, seed: int = 0) -> dict:
+def make_batch(batch: int, length: int, predictions: int, seed: int = 0,
+               vocab_size: int = COMMON["vocab_size"]) -> dict:
   """[CLS] A [SEP] B [SEP] rows (no padding) plus HF-style MLM labels at `predictions` random
   positions per row (-100 elsewhere; 80% of the targets replaced by [MASK] in `masked_ids`)."""
   import numpy as np
   rng = np.random.default_rng(seed)
-  ids = rng.integers(5, COMMON["vocab_size"], size=(batch, length)).astype(np.int32)  # [B, L]
+  ids = rng.integers(5, vocab_size, size=(batch, length)).astype(np.int32)  # [B, L]
   split = length // 2
   ids[:, 0], ids[:, split], ids[:, -1] = CLS, SEP, SEP
   types = np.zeros_like(ids)
@@ -91,6 +94,30 @@ def make_batch(batch: int, length: int, predictions: int, seed: int = 0) -> dict
           "labels": labels, "next_sentence_label": (np.arange(batch) % 2).astype(np.int32)}
 
 
+def packed_rows(batch: int, length: int, examples: int, vocab_size: int, seed: int = 0) -> dict:
+  """bert_jax's batch contract with `examples` (K) examples packed in each row, each [CLS] A
+  [SEP] B [SEP] of L / K tokens (the last takes the rest; no padding): segment ids 1..K,
+  positions restarting at each [CLS], one NSP slot per example."""
+  import numpy as np
+  rng = np.random.default_rng(seed)
+  size = length // examples
+  starts = np.arange(examples) * size  # [K]
+  ends = np.append(starts[1:], length)  # [K]
+  ids = rng.integers(5, vocab_size, size=(batch, length)).astype(np.int32)  # [B, L]
+  types, segments, positions = (np.zeros((batch, length), np.int32) for _ in range(3))
+  for k, (start, end) in enumerate(zip(starts, ends)):
+    split = start + (end - start) // 2
+    ids[:, start], ids[:, split], ids[:, end - 1] = CLS, SEP, SEP
+    types[:, split + 1:end] = 1
+    segments[:, start:end] = k + 1
+    positions[:, start:end] = np.arange(end - start)
+  return {"input_ids": ids, "token_type_ids": types, "segment_ids": segments,
+          "word_starts": np.ones_like(ids), "position_ids": positions,
+          "cls_positions": np.tile(starts.astype(np.int32), (batch, 1)),
+          "next_sentence_label": rng.integers(0, 2, size=(batch, examples)).astype(np.int32),
+          "nsp_weights": np.ones((batch, examples), np.float32)}
+
+
 def peak_rss_mb() -> float:
   return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # Linux: KiB.
 
@@ -98,12 +125,18 @@ def peak_rss_mb() -> float:
 class BertJaxWorker:
   """bert_jax's train step exactly as `bert_jax.train` builds and runs it, on one device."""
 
-  def setup(self, model: dict, batch: int, length: int, predictions: int) -> dict:
-    sys.path.insert(0, REPO)
+  def setup(self, model: dict, batch: int, length: int, predictions: int,
+            examples: int = 1) -> dict:
+    # --checkouts: another checkout's bert_jax and configs (this file's worker code).
+    sys.path.insert(0, os.environ.get("BERT_JAX_REPO", REPO))
     import flax.linen as nn
     import jax
     import numpy as np
-    from bert_jax import programs, sharding
+    from bert_jax import sharding
+    try:
+      from bert_jax import programs
+    except ImportError:  # Before 7342f76 the trainer compiled the programs.
+      from bert_jax import trainer as programs
     from bert_jax.masking import MaskingConfig
     from bert_jax.model import BertConfig
     from bert_jax.tasks import PretrainingTask
@@ -116,19 +149,17 @@ class BertJaxWorker:
     config.data.max_seq_length = length
     config.masking.max_predictions_per_seq = predictions
     config.mesh.data = 1
+    # --variants: config overrides of this worker ("model.remat": "none", ...).
+    for path, value in json.loads(os.environ.get("BERT_JAX_OVERRIDES", "{}")).items():
+      section, _, name = path.partition(".")
+      config[section][name] = value
     model_config = BertConfig.from_config(config.model)
     masking = MaskingConfig.from_config(config.masking, vocab_size=config.model.vocab_size,
                                         mask_token_id=MASK,
                                         special_token_ids=(PAD, 1, CLS, SEP, MASK), unk_token_id=1)
-    host = make_batch(batch, length, predictions)
-    # The batch contract with one example per row (no padding: every slot is a real token).
-    host = {"input_ids": host["input_ids"], "token_type_ids": host["token_type_ids"],
-            "segment_ids": host["attention_mask"], "word_starts": host["word_starts"],
-            "position_ids": np.tile(np.arange(length, dtype=np.int32), (batch, 1)),
-            "cls_positions": np.zeros((batch, 1), np.int32),
-            "next_sentence_label": host["next_sentence_label"][:, None],
-            "nsp_weights": np.ones((batch, 1), np.float32)}
-    task = PretrainingTask(model_config, masking, length, 1)
+    # The batch contract: K examples per row, no padding (every slot is a real token).
+    host = packed_rows(batch, length, examples, config.model.vocab_size)
+    task = PretrainingTask(model_config, masking, length, examples)
     self.mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
       program = programs.make_program(config, task, self.mesh)
@@ -161,13 +192,15 @@ class BertJaxWorker:
 class HfTorchWorker:
   """transformers' PyTorch BertForPreTraining: train mode, loss.backward(), clip, AdamW."""
 
-  def setup(self, model: dict, batch: int, length: int, predictions: int) -> dict:
+  def setup(self, model: dict, batch: int, length: int, predictions: int,
+            examples: int = 1) -> dict:
+    del examples  # Fed full rows of one sequence (run_mlm's grouped text).
     import torch
     import transformers
     torch.set_num_threads(2)
     torch.manual_seed(0)
     self.torch = torch
-    self.model = transformers.BertForPreTraining(transformers.BertConfig(**COMMON, **model))
+    self.model = transformers.BertForPreTraining(transformers.BertConfig(**{**COMMON, **model}))
     self.model.train()
     decay = [p for n, p in self.model.named_parameters() if not n.endswith("bias")
              and "LayerNorm" not in n]
@@ -176,7 +209,7 @@ class HfTorchWorker:
     self.optimizer = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.01}, {"params": no_decay, "weight_decay": 0.0}],
         lr=1e-4, betas=(0.9, 0.999), eps=1e-6)
-    host = make_batch(batch, length, predictions)
+    host = make_batch(batch, length, predictions, vocab_size=model['vocab_size'])
     self.inputs = dict(
         input_ids=torch.tensor(host["masked_ids"], dtype=torch.long),
         token_type_ids=torch.tensor(host["token_type_ids"], dtype=torch.long),
@@ -215,13 +248,15 @@ class HfTorchWorker:
 class HfFlaxWorker:
   """FlaxBertForPreTraining (transformers < 5): jitted step, dropout rng per step, optax AdamW."""
 
-  def setup(self, model: dict, batch: int, length: int, predictions: int) -> dict:
+  def setup(self, model: dict, batch: int, length: int, predictions: int,
+            examples: int = 1) -> dict:
+    del examples  # Fed full rows of one sequence.
     import jax
     import jax.numpy as jnp
     import optax
     import transformers
     self.jax = jax
-    hf = transformers.FlaxBertForPreTraining(transformers.BertConfig(**COMMON, **model), seed=0)
+    hf = transformers.FlaxBertForPreTraining(transformers.BertConfig(**{**COMMON, **model}), seed=0)
 
     def decay_mask(params):
       return jax.tree_util.tree_map_with_path(
@@ -252,7 +287,7 @@ class HfFlaxWorker:
       updates, opt_state = optimizer.update(grads, opt_state, params)
       return (optax.apply_updates(params, updates), opt_state, step + 1), loss
 
-    host = make_batch(batch, length, predictions)
+    host = make_batch(batch, length, predictions, vocab_size=model['vocab_size'])
     self.batch = {"input_ids": jnp.asarray(host["masked_ids"]),
                   **{k: jnp.asarray(host[k]) for k in ("token_type_ids", "attention_mask",
                                                        "labels", "next_sentence_label")}}
@@ -327,7 +362,8 @@ class Worker:
   def __init__(self, kind: str, python: str, env: dict | None = None):
     self.kind = kind
     self.process = subprocess.Popen(
-        [python, os.path.abspath(__file__), f"--worker={kind}"], stdin=subprocess.PIPE,
+        [python, os.path.abspath(__file__), f"--worker={kind.split('@')[0]}"],
+        stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, text=True, bufsize=1, cwd=REPO,
         env={**os.environ, **(env or {})})
 
@@ -350,30 +386,36 @@ class Worker:
     self.process.wait(timeout=60)
 
 
-def parse_shape(text: str) -> tuple[str, int, int]:
-  size, batch, length = text.split(":")
-  return size, int(batch), int(length)
+def parse_shape(text: str) -> tuple[str, int, int, int]:
+  """size:B:L[:K] -> (size, B, L, K); K (default 1): examples packed per bert_jax row."""
+  size, batch, length, *packed = text.split(":")
+  return size, int(batch), int(length), int(packed[0]) if packed else 1
 
 
-def flops_per_step(size: str, batch: int, length: int, predictions: int) -> float:
+def flops_per_step(size: str, batch: int, length: int, predictions: int,
+                   vocab_size: int) -> float:
   sys.path.insert(0, REPO)
   from bert_jax import flops
   from bert_jax.model import BertConfig
-  config = BertConfig(**{k: v for k, v in {**COMMON, **MODELS[size]}.items()})
+  config = BertConfig(**{**COMMON, **MODELS[size], "vocab_size": vocab_size})
   return batch * flops.train_flops_per_sequence(config, length, predictions)
 
 
 def measure(shape: str, kinds: list[str], pythons: dict[str, str], reps: int,
-            seconds_per_rep: float, env: dict) -> list[dict]:
+            seconds_per_rep: float, env: dict, vocab_size: int) -> list[dict]:
   """Sets up one worker per kind on `shape`, then times them alternately; one row per kind.
   Each worker runs as many steps per repetition as fill `seconds_per_rep` (at least one)."""
-  size, batch, length = parse_shape(shape)
+  size, batch, length, examples = parse_shape(shape)
   predictions = num_predictions(length)
-  workers = {kind: Worker(kind, pythons[kind], env if kind == "bert_jax" else None)
+  workers = {kind: Worker(kind, pythons[kind.split("@")[0]],
+                          {**env, **WORKER_ENVS.get(kind, {})} if kind.startswith("bert_jax")
+                          else None)
              for kind in kinds}
+  model = {**MODELS[size], "vocab_size": vocab_size}
   try:
-    setups = {kind: w.call("setup", model=MODELS[size], batch=batch, length=length,
-                           predictions=predictions) for kind, w in workers.items()}
+    setups = {kind: w.call("setup", model=model, batch=batch, length=length,
+                           predictions=predictions, examples=examples)
+              for kind, w in workers.items()}
     steps = {kind: max(1, round(seconds_per_rep / w.call("run", steps=1)["seconds"]))
              for kind, w in workers.items()}
     times: dict[str, list[float]] = {kind: [] for kind in kinds}
@@ -392,15 +434,17 @@ def measure(shape: str, kinds: list[str], pythons: dict[str, str], reps: int,
     for w in workers.values():
       w.close()
   peak = statistics.median(peaks) if peaks else float("nan")
-  useful = flops_per_step(size, batch, length, predictions)
+  useful = flops_per_step(size, batch, length, predictions, vocab_size)
   rows = []
   for kind in kinds:
     seconds = statistics.median(times[kind])
     # HF computes the MLM head at all L positions; bert_jax at the P targets.
-    actual = useful if kind == "bert_jax" else flops_per_step(size, batch, length, length)
+    actual = (useful if kind.startswith("bert_jax")
+              else flops_per_step(size, batch, length, length, vocab_size))
     rows.append({
         "benchmark": "train_step", "impl": kind, "model": size, "batch": batch,
-        "length": length, "predictions": predictions, "reps": reps,
+        "length": length, "examples_per_row": examples if kind.startswith("bert_jax") else 1,
+        "vocab_size": vocab_size, "predictions": predictions, "reps": reps,
         "steps_per_rep": steps[kind], "step_s": round(seconds, 4),
         "step_s_all": [round(t, 4) for t in times[kind]],
         "cpu_s_per_step": round(statistics.median(cpu_times[kind]), 3),
@@ -422,8 +466,43 @@ def measure(shape: str, kinds: list[str], pythons: dict[str, str], reps: int,
   return rows
 
 
+# The extra bert_jax workers, "bert_jax@<label>" -> their environment: another checkout's path
+# (--checkouts) or config overrides (--variants).
+WORKER_ENVS: dict[str, dict[str, str]] = {}
+
+
+def parse_checkouts(text: str) -> dict[str, dict[str, str]]:
+  """"label=path,..." -> {"bert_jax@label": env}; each path a checkout with bert_jax/."""
+  envs = {}
+  for item in filter(None, text.split(",")):
+    label, _, path = item.partition("=")
+    if not label or not os.path.isdir(os.path.join(path, "bert_jax")):
+      raise SystemExit(f"--checkouts: {item!r} is not a label=path of a bert_jax checkout")
+    envs[f"bert_jax@{label}"] = {"BERT_JAX_REPO": os.path.abspath(path)}
+  return envs
+
+
+def parse_variants(text: str) -> dict[str, dict[str, str]]:
+  """"label=section.field:value+...,..." -> {"bert_jax@label": env}; values read as JSON
+  when they parse (numbers, true/false), else as strings."""
+  envs = {}
+  for item in filter(None, text.split(",")):
+    label, _, settings = item.partition("=")
+    overrides = {}
+    for setting in filter(None, settings.split("+")):
+      path, _, value = setting.partition(":")
+      if "." not in path or not value:
+        raise SystemExit(f"--variants: {setting!r} is not section.field:value")
+      try:
+        overrides[path] = json.loads(value)
+      except json.JSONDecodeError:
+        overrides[path] = value
+    envs[f"bert_jax@{label}"] = {"BERT_JAX_OVERRIDES": json.dumps(overrides)}
+  return envs
+
+
 def print_compare(rows: list[dict]) -> None:
-  print(f"\n{'shape':16s} {'impl':9s} {'tok/s':>8s} {'step s':>7s} {'vs torch':>8s} "
+  print(f"\n{'shape':16s} {'impl':18s} {'tok/s':>8s} {'step s':>7s} {'vs torch':>8s} "
         f"{'vs flax':>8s} {'useful GF/s':>11s} {'MFU':>6s} {'actual MFU':>10s} "
         f"{'compile s':>9s} {'RSS MB':>7s}")
   for row in rows:
@@ -432,7 +511,7 @@ def print_compare(rows: list[dict]) -> None:
     ratio = lambda peer: (f"{row['tokens_per_s'] / peers[peer]['tokens_per_s']:.2f}x"
                           if peer in peers else "-")
     shape = f"{row['model']} {row['batch']}x{row['length']}"
-    print(f"{shape:16s} {row['impl']:9s} {row['tokens_per_s']:8.0f} {row['step_s']:7.3f} "
+    print(f"{shape:16s} {row['impl']:18s} {row['tokens_per_s']:8.0f} {row['step_s']:7.3f} "
           f"{ratio('hf_torch'):>8s} {ratio('hf_flax'):>8s} {row['useful_gflops']:11.1f} "
           f"{row['useful_mfu']:6.1%} {row['actual_mfu']:10.1%} {row['compile_s']:9.1f} "
           f"{row['peak_rss_mb']:7d}")
@@ -451,16 +530,26 @@ def main() -> None:
                       help="steps per repetition: as many as fill this (at least one)")
   parser.add_argument("--xla_flags", default=None,
                       help="XLA_FLAGS for the bert_jax worker (default: the environment's)")
+  parser.add_argument("--checkouts", default="",
+                      help="label=path,...: other checkouts (e.g. git worktrees of older "
+                           "commits) timed as bert_jax@<label>, side by side with the rest")
+  parser.add_argument("--variants", default="",
+                      help="label=section.field:value+...,...: this checkout with config "
+                           "overrides, timed as bert_jax@<label> (e.g. noremat=model.remat:none)")
+  parser.add_argument("--vocab_size", type=int, default=COMMON["vocab_size"],
+                      help="vocabulary of every model (the issue's settings: 8000)")
   parser.add_argument("--output", default=RESULTS)
   args = parser.parse_args()
   if args.worker:
     serve(args.worker)
     return
+  WORKER_ENVS.update(parse_checkouts(args.checkouts))
+  WORKER_ENVS.update(parse_variants(args.variants))
 
   env = {} if args.xla_flags is None else {"XLA_FLAGS": args.xla_flags}
   pythons = {"bert_jax": sys.executable, "hf_torch": sys.executable,
              "hf_flax": args.hf_flax_python}
-  kinds = [k for k in args.impls.split(",") if k]
+  kinds = [k for k in args.impls.split(",") if k] + list(WORKER_ENVS)
   if "hf_flax" in kinds and not os.path.exists(args.hf_flax_python):
     print(f"{args.hf_flax_python} not found: hf_flax skipped (see the docstring for its venv)")
     kinds.remove("hf_flax")
@@ -469,14 +558,15 @@ def main() -> None:
   rows = []
   if args.suite in ("compare", "all"):
     for shape in (args.shapes.split(",") if args.shapes else COMPARE_SHAPES):
-      rows += measure(shape, kinds, pythons, args.reps, args.seconds_per_rep, env)
+      rows += measure(shape, kinds, pythons, args.reps, args.seconds_per_rep, env,
+                      args.vocab_size)
       print_compare(rows)
   if args.suite in ("scaling", "all"):
     scaling = []
     for shape in (args.shapes.split(",") if args.shapes and args.suite == "scaling"
                   else SCALING_SHAPES):
       scaling += measure(shape, ["bert_jax"], pythons, max(3, args.reps - 2),
-                         args.seconds_per_rep, env)
+                         args.seconds_per_rep, env, args.vocab_size)
       print_compare(scaling)
     for row in scaling:
       row["benchmark"] = "train_step_scaling"

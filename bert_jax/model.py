@@ -133,6 +133,9 @@ class BertConfig:
   # existed); configs/base.py sets 128.
   vocab_pad_multiple: int = _field(1, RUN)
   remat: str = _field("none", RUN)  # A key of REMAT_POLICIES: what the backward pass recomputes.
+  # Repeats of the layer pattern per iteration of the encoder's scan (jax.lax.scan's `unroll`);
+  # at or above the repeats the layers run as straight-line code. The params stay stacked.
+  scan_unroll: int = _field(1, RUN)
   # The vector a fine-tuning head (and NSP) reads of each example: its [CLS] ("cls", BERT) or
   # the mean over its tokens ("mean").
   classifier_pooling: str = _field("cls", RUN)
@@ -809,16 +812,17 @@ class Encoder(nn.Module):
     if policy is not None:
       run = jax.checkpoint(run, policy=policy, prevent_cse=False, static_argnums=(3,))
     size = len(pattern)
+    unroll = max(1, min(c.scan_unroll, repeats))
     split = lambda tree, n: tuple(jax.tree.map(lambda p, j=j: p[j], tree) for j in range(n))
     if size == 1:  # Scanned as they are stacked: no reshaped copy of the params.
       x, _ = jax.lax.scan(lambda x, xs: (run(x, (xs[0],), xs[1], pattern), None), x,
-                          (params, jnp.arange(repeats, dtype=jnp.int32)))
+                          (params, jnp.arange(repeats, dtype=jnp.int32)), unroll=unroll)
     else:  # [S / size, size, ...]: one repeat of the pattern per iteration.
       grouped = jax.tree.map(
           lambda p: p[:repeats * size].reshape(repeats, size, *p.shape[1:]), params)
       x, _ = jax.lax.scan(
           lambda x, xs: (run(x, split(xs[0], size), xs[1] * size, pattern), None), x,
-          (grouped, jnp.arange(repeats, dtype=jnp.int32)))
+          (grouped, jnp.arange(repeats, dtype=jnp.int32)), unroll=unroll)
     if rest:
       x = run(x, split(jax.tree.map(lambda p: p[repeats * size:], params), rest),
               jnp.int32(repeats * size), pattern[:rest])

@@ -66,6 +66,10 @@ def get_config() -> ml_collections.ConfigDict:
   # device instead of 7.1, and its CPU step is 6% faster than with "none") or "full" (recompute
   # the layer; least memory, ~1/3 more compute). benchmarks/compile_time.py measures them.
   config.model.remat = "dots"
+  # Repeats of the layer pattern per step of the encoder's scan (jax.lax.scan's unroll; params
+  # stay stacked): 1 loops over the layers (compile time flat in depth); >= the layer count runs
+  # them as straight-line code, which XLA can fuse across layers.
+  config.model.scan_unroll = 1
   config.model.dtype = "float32"  # Compute dtype: "float32" or "bfloat16".
   config.model.param_dtype = "float32"  # Parameter (and optimizer state) dtype.
   # Attention where no attention dropout applies: "auto" (splash on TPUs for L a multiple of

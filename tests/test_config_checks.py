@@ -114,7 +114,7 @@ _SHARED_BAD = [
     ("model.param_dtype", "float16"), ("model.attention_impl", "flash"),
     ("model.vocab_pad_multiple", 0), ("model.dropout_rng", "philox"),
     ("model.position_embedding", "sinusoidal"), ("model.mlp", "moe"),
-    ("model.norm_placement", "sandwich"), ("model.remat", "offload"),
+    ("model.norm_placement", "sandwich"), ("model.remat", "offload"), ("model.scan_unroll", 0),
     ("model.attention_bias", None), ("model.mlp_bias", None), ("model.norm_bias", None),
     ("model.classifier_bias", None), ("model.global_rope_theta", 0.0),
     ("model.local_rope_theta", -1.0), ("model.local_attention", 7),
