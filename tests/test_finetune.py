@@ -940,7 +940,8 @@ def test_a_pretrained_encoder_takes_the_run_fields_of_config_model(tmp_path):
   run_fields = {"dtype": "bfloat16", "hidden_dropout_prob": 0.0,
                 "attention_probs_dropout_prob": 0.3, "attention_impl": "einsum", "remat": "full",
                 "vocab_pad_multiple": 8, "dropout_rng": "threefry", "classifier_pooling": "mean",
-                "splash_block_q": 256, "splash_block_kv": 128, "initializer": "modernbert"}
+                "splash_block_q": 256, "splash_block_kv": 128, "initializer": "modernbert",
+                "scan_unroll": 2}
   config.model.update(**run_fields, hidden_size=999, num_hidden_layers=7)  # Shape: ignored.
   assert set(run_fields) | {"param_dtype", "initializer_range"} == set(
       BertConfig.fields_of(model_lib.RUN))
