@@ -60,7 +60,7 @@ def _remat_policies(repo: str) -> list[str]:
   from configs import base  # pylint: disable=g-import-not-at-top
   if "remat" not in base.get_config().model:
     return ["-"]
-  from bert_jax import model  # pylint: disable=g-import-not-at-top
+  from bert_jax.models import model  # pylint: disable=g-import-not-at-top
   return list(model.REMAT_POLICIES)
 
 

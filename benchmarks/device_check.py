@@ -10,7 +10,7 @@ real-data run in bf16 vs float32. Run it through `benchmarks/device_check.sh` (o
    step on a 1-device mesh. The batch fills the chip: a memory estimate picks it, XLA's memory
    analysis of the compiled step checks it (halved and recompiled when over 90% of the device),
    and a runtime out-of-memory halves it once more. Reported: tokens/s, MFU (model FLOPs of
-   `bert_jax/flops.py` over the chip's dense bf16 peak in its table; --dry_run: over the CPU's
+   `bert_jax/models/flops.py` over the chip's dense bf16 peak in its table; --dry_run: over the CPU's
    measured f32 matmul peak), per-device memory (XLA's analysis), compile time.
 2. Real data (section "real_data"): the built-in corpus (prepared in a background CPU process
    while section 1 runs), a small model trained 300 steps (--dry_run: 30) from the same seed in
@@ -160,7 +160,7 @@ def estimate_batch(config, shape: Shape, device_bytes: float | None, cap_tokens:
   """Sequences per step that should fill ~75% of the device: 16 bytes per parameter (f32
   params, grads, Adam moments) and, per sequence, Megatron's activation estimate
   L*H*(34 + 5*N*L/H) bytes per layer plus the [P, V'] f32 logits a few times over."""
-  from bert_jax.model import BertConfig  # pylint: disable=import-outside-toplevel
+  from bert_jax.models.model import BertConfig  # pylint: disable=import-outside-toplevel
   c = BertConfig.from_config(config.model)
   cap = max(cap_tokens // shape.seq_len, 1)
   if not device_bytes:
@@ -208,7 +208,7 @@ def _is_oom(error: BaseException) -> bool:
 def _compile(config, task, mesh, device_bytes: float | None):
   """(program, compiled step, XLA memory report, compile seconds), the batch halved while XLA's
   memory analysis says the step would not fit in 90% of the device."""
-  from bert_jax import programs  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import programs  # pylint: disable=import-outside-toplevel
   prog = programs.make_program(config, task, mesh)
   while True:
     start = time.perf_counter()
@@ -241,8 +241,10 @@ def run_shape(shape: Shape, plan: Plan, scale: float, peak: float, device) -> di
   failure)."""
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
-  from bert_jax import flops, sharding, train  # pylint: disable=import-outside-toplevel
-  from bert_jax.model import BertConfig  # pylint: disable=import-outside-toplevel
+  from bert_jax import train  # pylint: disable=import-outside-toplevel
+  from bert_jax.models import flops
+  from bert_jax.training import sharding
+  from bert_jax.models.model import BertConfig  # pylint: disable=import-outside-toplevel
   device_bytes = _device_bytes(device)
   config = shape_config(shape, 1)
   batch = _round_batch(scale * estimate_batch(config, shape, device_bytes,
@@ -289,7 +291,7 @@ def run_shape(shape: Shape, plan: Plan, scale: float, peak: float, device) -> di
 def throughput(plan: Plan, deadline: float, peak: float, device, emit: Callable) -> str | None:
   """Section 1; returns the fastest attention implementation that ran, by mean tokens/s."""
   import jax  # pylint: disable=import-outside-toplevel
-  from bert_jax import programs  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import programs  # pylint: disable=import-outside-toplevel
   speeds: dict[str, list[float]] = {}
   for shape in plan.shapes:
     row = {"section": "throughput", **dataclasses.asdict(shape), "dtype": "bfloat16",
@@ -470,7 +472,7 @@ def main() -> int:
 def _check(args, plan: Plan, start: float, deadline: float, cache_dir: str,
            preparation: subprocess.Popen, prep_log: str) -> int:
   import jax  # pylint: disable=import-outside-toplevel
-  from bert_jax import flops  # pylint: disable=import-outside-toplevel
+  from bert_jax.models import flops  # pylint: disable=import-outside-toplevel
   try:  # Everything both sections import, checked before any device time is spent.
     importlib.import_module("bert_jax.train")
   except ImportError as error:
@@ -482,7 +484,7 @@ def _check(args, plan: Plan, start: float, deadline: float, cache_dir: str,
     raise SystemExit(f"No GPU (jax sees {device.platform}: {device.device_kind}); run with "
                      "--dry_run to check the script on this machine")
   peak = flops.peak_flops_per_device(device.device_kind)
-  peak_source = "the chip's dense bf16 peak (bert_jax/flops.py)"
+  peak_source = "the chip's dense bf16 peak (bert_jax/models/flops.py)"
   if peak is None:
     peak = flops.measure_matmul_peak()
     peak_source = "measured f32 matmul peak: no table entry for this device"

@@ -28,7 +28,9 @@ sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "benchmarks"))
 
 import device_check  # pylint: disable=wrong-import-position
-from bert_jax import model, programs, sharding, train  # pylint: disable=wrong-import-position
+from bert_jax import train  # pylint: disable=wrong-import-position
+from bert_jax.models import model
+from bert_jax.training import programs, sharding
 
 PARAM_DTYPE_CALL = model.Embeddings.__call__
 

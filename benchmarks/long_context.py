@@ -2,7 +2,7 @@
 one row per device, 30% of 8192 = 2458 MLM targets), with local attention (window 128, a global
 layer every third) against every layer global, for each remat policy: per-device memory from
 XLA's analysis of the compiled step (abstract shapes: nothing is allocated, no data read), the
-model's FLOPs per step (`bert_jax/flops.py`: a local layer's attention covers its window, a
+model's FLOPs per step (`bert_jax/models/flops.py`: a local layer's attention covers its window, a
 global one all 8192 keys) and compile time, on this CPU.
 
 XLA's own FLOP count (`xla_flops_per_device`) is printed too, but it counts a scanned loop's

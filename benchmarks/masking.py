@@ -1,4 +1,4 @@
-"""Masking throughput: jitted `bert_jax.masking.mask_tokens` vs transformers' PyTorch collator.
+"""Masking throughput: jitted `bert_jax.objectives.masking.mask_tokens` vs transformers' PyTorch collator.
 
 Both get the same [B, L] = [256, 128] batch ([CLS] A [SEP] B [SEP] + padding, ids from a generated
 30522-piece WordPiece vocabulary, no download). Rows, in sequences per second (median over
@@ -31,7 +31,7 @@ import torch  # noqa: E402
 import transformers  # noqa: E402
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from bert_jax.masking import MaskingConfig, mask_tokens  # noqa: E402
+from bert_jax.objectives.masking import MaskingConfig, mask_tokens  # noqa: E402
 
 VOCAB_SIZE = 30522
 SPECIAL_TOKENS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]  # ids 0..4

@@ -63,8 +63,9 @@ def lower_report(config) -> dict:
   the train step lowered with every sharding resolved against the mesh."""
   import flax.linen as nn  # pylint: disable=import-outside-toplevel
   import jax  # pylint: disable=import-outside-toplevel
-  from bert_jax import config_checks, programs, sharding, train  # pylint: disable=import-outside-toplevel
-  from bert_jax.model import BertConfig  # pylint: disable=import-outside-toplevel
+  from bert_jax import config_checks, train  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import programs, sharding
+  from bert_jax.models.model import BertConfig  # pylint: disable=import-outside-toplevel
   config_checks.check_pretraining(config)
   task = train.pretraining_task(config, BertConfig.from_config(config.model), None)
   mesh = sharding.make_mesh(config.mesh)

@@ -23,9 +23,10 @@ class Variant:
   def __init__(self, name: str, config, workdir: str):
     import jax
     import flax.linen as nn
-    from bert_jax import config_checks, programs, sharding, train
+    from bert_jax import config_checks, train
+    from bert_jax.training import programs, sharding
     from bert_jax.data import builtin, pipeline
-    from bert_jax.model import BertConfig
+    from bert_jax.models.model import BertConfig
     config_checks.check_pretraining(config)
     self.name, self.config = name, config
     prepared = builtin.ensure_builtin(workdir, builtin.BuiltinSettings.from_config(config))
@@ -57,7 +58,7 @@ class Variant:
   def run(self, seconds: float, max_steps: int | None = None) -> tuple[int, int, float]:
     """Steps for about `seconds` (at most `max_steps`) -> (steps, real tokens, seconds)."""
     import jax
-    from bert_jax import sharding
+    from bert_jax.training import sharding
     steps, real, start, previous = 0, 0, time.perf_counter(), None
     with jax.set_mesh(self.mesh):
       while time.perf_counter() - start < seconds and (max_steps is None or steps < max_steps):
@@ -104,7 +105,7 @@ class Variant:
     masked by the variant's evaluation policy."""
     import jax
     import flax.linen as nn
-    from bert_jax import evaluation
+    from bert_jax.training import evaluation
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
       outputs, sums = evaluation.evaluate(self.state.params, self.program.eval_step,
                                           eval_batches(), self.mesh, self.config.seed,

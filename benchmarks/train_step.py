@@ -2,7 +2,7 @@
 
 What is timed, per implementation, is one full optimizer step on a [B, L] batch: forward with
 dropout 0.1 (train mode), MLM + NSP loss, backward, global-norm clipping (1.0) and AdamW.
-  - bert_jax: the trainer's compiled step (`bert_jax.programs.make_program`) on a 1-device mesh (masking inside the jitted
+  - bert_jax: the trainer's compiled step (`bert_jax.training.programs.make_program`) on a 1-device mesh (masking inside the jitted
     step, P gathered MLM positions, state donated), run as the train loop runs it (AOT-compiled).
   - hf_torch: transformers' PyTorch `BertForPreTraining` built from a `BertConfig` (no download),
     `model(..., labels=, next_sentence_label=)` (logits at all L positions, labels -100 except at
@@ -15,11 +15,11 @@ Each implementation runs in its own worker process (JSON commands over stdin/std
 three are measured alternately, in one run, on the same machine state: after compilation and a
 warm-up step, every repetition times each worker (order rotated) for as many steps as fill
 `--seconds_per_rep`; the tables give medians. The bert_jax worker also measures the f32 matmul
-peak (`bert_jax.flops.measure_matmul_peak`) in every repetition; MFU is achieved FLOP/s over its
+peak (`bert_jax.models.flops.measure_matmul_peak`) in every repetition; MFU is achieved FLOP/s over its
 median. Each row also records the process CPU seconds per step (less sensitive to other load on
 the machine than wall time, for comparing bert_jax variants; not across implementations: torch's
 OpenMP threads spin) and the load average: on a shared machine, rerun when it is above ~1.5.
-FLOPs (`bert_jax/flops.py`, bidirectional attention): "useful" = the work BERT pretraining needs
+FLOPs (`bert_jax/models/flops.py`, bidirectional attention): "useful" = the work BERT pretraining needs
 (MLM head at the P targets); "actual" = the work the implementation does (HF: the vocabulary
 projection at all L positions).
 Compile: lower + compile (JAX), first step (PyTorch, eager). Peak RSS: the worker's high-water
@@ -132,13 +132,13 @@ class BertJaxWorker:
     import flax.linen as nn
     import jax
     import numpy as np
-    from bert_jax import sharding
+    from bert_jax.training import sharding
     try:
-      from bert_jax import programs
+      from bert_jax.training import programs
     except ImportError:  # Before 7342f76 the trainer compiled the programs.
-      from bert_jax import trainer as programs
-    from bert_jax.masking import MaskingConfig
-    from bert_jax.model import BertConfig
+      from bert_jax.training import trainer as programs
+    from bert_jax.objectives.masking import MaskingConfig
+    from bert_jax.models.model import BertConfig
     from bert_jax.tasks import PretrainingTask
     from configs import base
     self.jax = jax
@@ -185,7 +185,7 @@ class BertJaxWorker:
     return (time.perf_counter() - start) / steps
 
   def peak(self) -> float:
-    from bert_jax import flops
+    from bert_jax.models import flops
     return flops.measure_matmul_peak()
 
 
@@ -395,8 +395,8 @@ def parse_shape(text: str) -> tuple[str, int, int, int]:
 def flops_per_step(size: str, batch: int, length: int, predictions: int,
                    vocab_size: int) -> float:
   sys.path.insert(0, REPO)
-  from bert_jax import flops
-  from bert_jax.model import BertConfig
+  from bert_jax.models import flops
+  from bert_jax.models.model import BertConfig
   config = BertConfig(**{**COMMON, **MODELS[size], "vocab_size": vocab_size})
   return batch * flops.train_flops_per_sequence(config, length, predictions)
 

@@ -34,8 +34,10 @@ from typing import Any, Callable
 
 import ml_collections
 
-from bert_jax import masking as masking_lib
-from bert_jax import model, optimizer, sharding, splash, tasks
+from bert_jax.objectives import masking as masking_lib
+from bert_jax import tasks
+from bert_jax.models import model, splash
+from bert_jax.training import optimizer, sharding
 from bert_jax.data import packing
 
 # value -> what is wrong with it ("must be an integer >= 1"), or None when it is fine.

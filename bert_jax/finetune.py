@@ -1,5 +1,5 @@
 """Fine-tuning: an encoder (pretrained or scratch), a task's head and data, handed to the one
-trainer (`bert_jax/trainer.py`), so resume, preemption, gradient accumulation, prefetch,
+trainer (`bert_jax/training/trainer.py`), so resume, preemption, gradient accumulation, prefetch,
 sharding and logging are the pretraining ones. `finetune_and_evaluate(config, workdir)` is all
 `launch/finetune.py` calls. The workdir gets
 - `checkpoints/<step>/`: training checkpoints (resume after preemption or a crash);
@@ -18,11 +18,17 @@ from typing import Any
 import jax
 from absl import logging
 
-from bert_jax import config_checks, model as model_lib, programs, sharding, storage, tasks, trainer
+from bert_jax import config_checks, tasks
+
+from bert_jax.models import model as model_lib
+
+from bert_jax.training import programs, sharding, trainer
+
+from bert_jax.runtime import storage
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.vocab import Vocab
-from bert_jax.metrics_writer import console
-from bert_jax.model import BertConfig
+from bert_jax.runtime.metrics_writer import console
+from bert_jax.models.model import BertConfig
 from bert_jax.weights.layout import num_params
 
 FINAL_EVAL_FILE = "final_eval.json"

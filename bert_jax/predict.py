@@ -16,10 +16,16 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from bert_jax import checkpointing, evaluation, storage, tasks
+from bert_jax import tasks
+
+from bert_jax.checkpoints import checkpointing
+
+from bert_jax.training import evaluation
+
+from bert_jax.runtime import storage
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig, BertModel, MaskedLMHead, gather_positions
+from bert_jax.models.model import BertConfig, BertModel, MaskedLMHead, gather_positions
 
 MASK_TEXT = "[MASK]"
 

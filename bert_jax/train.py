@@ -1,5 +1,5 @@
 """Pretraining (MLM + NSP): the data, the task and what checkpoints record, handed to the one
-trainer (`bert_jax/trainer.py`). `train_and_evaluate(config, workdir)` is all `launch/train.py`
+trainer (`bert_jax/training/trainer.py`). `train_and_evaluate(config, workdir)` is all `launch/train.py`
 calls. Every check that can fail on bad input (config, data vs model, batch size vs mesh,
 checkpoint vs model) runs before any device work.
 """
@@ -11,11 +11,17 @@ from typing import Any
 import jax
 from jax.experimental import multihost_utils
 
-from bert_jax import checkpointing, config_checks, programs, sharding, storage, trainer
+from bert_jax import config_checks
+
+from bert_jax.checkpoints import checkpointing
+
+from bert_jax.training import programs, sharding, trainer
+
+from bert_jax.runtime import storage
 from bert_jax.data import batching, builtin, packing, pipeline, prepare
 from bert_jax.data.vocab import Vocab
-from bert_jax.masking import MaskingConfig
-from bert_jax.model import BertConfig
+from bert_jax.objectives.masking import MaskingConfig
+from bert_jax.models.model import BertConfig
 from bert_jax.tasks import PretrainingTask
 
 # Synthetic data uses sentencepiece's special-token layout (see WORKSPACE.md).

@@ -33,14 +33,14 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.max_position_embeddings = 512  # Rows of the learned position table.
   config.model.type_vocab_size = 2  # Segment ids (0 for A, 1 for B); 0: none (ModernBERT).
   config.model.initializer_range = 0.02  # Std of the truncated-normal initializer.
-  # The σ per parameter kind (bert_jax/model.py's INIT_STDS table, cut at 2 σ): "bert"
+  # The σ per parameter kind (bert_jax/models/model.py's INIT_STDS table, cut at 2 σ): "bert"
   # (initializer_range everywhere, google-research/bert's), "modernbert" (HF ModernBERT's:
   # output projections and the MLM transform initializer_range / sqrt(2 x layers), the
   # fine-tuning classifier hidden_size^-0.5) or "auto" (ModernBERT's for the modern
   # architecture, BERT's for any other).
   config.model.initializer = "auto"
   config.model.layer_norm_eps = 1e-12  # LayerNorm epsilon, as in the original BERT.
-  # The blocks, by name (bert_jax/model.py's registries): "learned" absolute positions added to
+  # The blocks, by name (bert_jax/models/model.py's registries): "learned" absolute positions added to
   # the embeddings, BERT's "dense" MLP, "post"-LN layers (x = LN(x + f(x))).
   config.model.position_embedding = "learned"
   config.model.mlp = "dense"

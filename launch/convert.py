@@ -15,7 +15,7 @@ HuggingFace means BERT (model_type "bert") or ModernBERT (model_type "modernbert
 modern encoder, rotary / GeGLU / pre-LN / local attention), both ways; --to_hf picks the one
 that computes the model, and writes the tokenizer (tokenizer.json and its config: AutoTokenizer
 gives bert_jax's ids, sentencepiece vocabularies included). A fine-tuned run exports as HF's
-task model of its task and family (`bert_jax/hf_export.py`: AutoModelForSequenceClassification,
+task model of its task and family (`bert_jax/weights/hf_export.py`: AutoModelForSequenceClassification,
 ...ForTokenClassification, ...ForQuestionAnswering load it, id2label / label2id in config.json);
 --from_hf of such a task model converts its encoder. A ModernBERT config bert_jax cannot
 represent is refused naming the field.
@@ -36,7 +36,7 @@ from absl import app, flags, logging
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import cli, storage  # pylint: disable=g-import-not-at-top
+from bert_jax.runtime import cli, storage  # pylint: disable=g-import-not-at-top
 
 flags.DEFINE_string("from_hf", None, "HuggingFace BERT or ModernBERT directory (config.json, "
                     "model.safetensors or pytorch_model.bin, and sentencepiece.model, "
@@ -123,7 +123,7 @@ def _convert(flag_values) -> str:
   files.check_apart(output, _inputs(flag_values, mode), output_flag)
   lowercase = {"auto": None, "true": True, "false": False}[flag_values.lowercase]
   if mode == "from_bert_jax":
-    from bert_jax import hf_export  # pylint: disable=g-import-not-at-top
+    from bert_jax.weights import hf_export  # pylint: disable=g-import-not-at-top
 
     if not flag_values.encoder_only and hf_export.is_finetuned(flag_values.from_bert_jax):
       architecture = hf_export.export(flag_values.from_bert_jax, flag_values.to_hf,

@@ -14,7 +14,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import cli  # pylint: disable=g-import-not-at-top
+from bert_jax.runtime import cli  # pylint: disable=g-import-not-at-top
 
 cli.define_flags("configs/finetune_qa.py", "Checkpoints, best params, metrics and "
                  "final_eval.json go here")
@@ -22,7 +22,8 @@ cli.define_flags("configs/finetune_qa.py", "Checkpoints, best params, metrics an
 
 def main() -> None:
   import jax  # After distributed init.
-  from bert_jax import finetune, workdir_lock
+  from bert_jax import finetune
+  from bert_jax.runtime import workdir_lock
   finetune.check(flags.FLAGS.config)  # Before the workdir is touched: a bad value writes nothing.
   with workdir_lock.hold(cli.workdir()):  # One run per workdir.
     cli.log_to_file(cli.workdir(), jax.process_index())

@@ -31,7 +31,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import cli  # noqa: E402
+from bert_jax.runtime import cli  # noqa: E402
 from bert_jax.data import blocks  # noqa: E402
 from bert_jax.data import packing  # noqa: E402
 from bert_jax.data import sources  # noqa: E402

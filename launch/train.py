@@ -13,7 +13,7 @@ from absl import flags
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from bert_jax import cli  # pylint: disable=g-import-not-at-top
+from bert_jax.runtime import cli  # pylint: disable=g-import-not-at-top
 
 cli.define_flags("configs/tiny.py", "Checkpoints, metrics and prepared data go here")
 flags.DEFINE_bool("compile_only", False, "Compile the train step against abstract shapes, print "
@@ -22,7 +22,8 @@ flags.DEFINE_bool("compile_only", False, "Compile the train step against abstrac
 
 def main() -> None:
   import jax  # After distributed init.
-  from bert_jax import train, workdir_lock
+  from bert_jax import train
+  from bert_jax.runtime import workdir_lock
   if flags.FLAGS.compile_only:
     print(json.dumps(train.compile_report(flags.FLAGS.config), indent=1))
     return

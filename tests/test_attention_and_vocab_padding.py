@@ -14,9 +14,13 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import losses, resume, sharding, tasks, train
+from bert_jax import tasks, train
+
+from bert_jax.objectives import losses
+
+from bert_jax.training import resume, sharding
 from bert_jax.weights import hf_bert
-from bert_jax.model import (BertConfig, BertForPreTraining, attention_mask_from_segments,
+from bert_jax.models.model import (BertConfig, BertForPreTraining, attention_mask_from_segments,
                             einsum_attention)
 from bert_jax.weights.layout import num_params, pad_vocab, unpad_vocab
 from configs import base
@@ -255,7 +259,7 @@ def test_layer_init_traced_with_xla_attention_whatever_the_run_uses(monkeypatch)
   vmap over layers, under which jax 0.11's cuDNN attention cannot batch the [B, 1, L, L] mask
   (the H200 run's reshape TypeError). So the init always traces "xla", whatever the config's
   attention is; the layers themselves run the config's kernel."""
-  from bert_jax import model as model_lib  # pylint: disable=import-outside-toplevel
+  from bert_jax.models import model as model_lib  # pylint: disable=import-outside-toplevel
   seen = []
   original = model_lib._stacked_layer_params  # pylint: disable=protected-access
 

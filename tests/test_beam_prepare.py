@@ -206,7 +206,7 @@ def test_retried_block_and_finalize_duplicate_nothing(corpus_files, tmp_path):
 
 def test_training_reads_the_same_first_batch(corpus_files, tmp_path):
   from bert_jax import train
-  from bert_jax.masking import max_targets_per_row
+  from bert_jax.objectives.masking import max_targets_per_row
   from configs import tiny
 
   paths, vocab = corpus_files
@@ -234,7 +234,7 @@ def test_training_reads_the_same_first_batch(corpus_files, tmp_path):
 def test_bucket_input_and_output_go_through_the_workers(corpus_files, tmp_path):
   """gs:// files in, gs:// dataset out (a local GCS emulator): the workers read the bucket's
   files and write each block's file to the bucket; the dataset equals the local path's."""
-  from bert_jax import storage
+  from bert_jax.runtime import storage
   from tests import gcs_emulator
   from tests.test_cloud_storage import _download
 

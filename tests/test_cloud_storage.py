@@ -14,7 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from bert_jax import storage, weights
+from bert_jax import weights
+
+from bert_jax.runtime import storage
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data import corpus, pipeline, prepare
 from bert_jax.data import vocab as vocab_lib

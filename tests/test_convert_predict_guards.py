@@ -21,12 +21,14 @@ import jax
 import numpy as np
 import pytest
 
-from bert_jax import checkpointing, predict, tasks, weights
-from bert_jax import model as model_lib
+from bert_jax import predict, tasks, weights
+
+from bert_jax.checkpoints import checkpointing
+from bert_jax.models import model as model_lib
 from bert_jax.weights import hf_bert
 from bert_jax.data.vocab import Vocab
-from bert_jax import model as model_lib
-from bert_jax.model import BertConfig
+from bert_jax.models import model as model_lib
+from bert_jax.models.model import BertConfig
 from bert_jax.weights import files, tf_bundle
 from bert_jax.weights import params as params_lib
 from tests import tf_bundle_writer
@@ -354,7 +356,7 @@ def test_fill_mask_of_an_mlm_only_checkpoint_warns_of_nothing(tmp_path, caplog):
   modern encoder) printed Python's raw UserWarning about it on the console (#37); the launchers
   turn any other warning into one log line."""
   import warnings  # pylint: disable=import-outside-toplevel
-  from bert_jax import cli  # pylint: disable=import-outside-toplevel
+  from bert_jax.runtime import cli  # pylint: disable=import-outside-toplevel
   vocab = _vocab(tmp_path / "vocab")
   directory = str(tmp_path / "mlm_only")
   weights.save_hf(directory, {k: v for k, v in _tiny_params().items() if k != "nsp"}, TINY, vocab)

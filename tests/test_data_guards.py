@@ -18,7 +18,7 @@ import time
 import numpy as np
 import pytest
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data import corpus
 from bert_jax.data import blocks
@@ -336,7 +336,7 @@ def _ignores_sigint(pid: int) -> bool:
 def test_ctrl_c_stops_the_launcher_and_removes_its_files(small, tmp_path):
   """A real SIGINT to the process group (a terminal's Ctrl-C) while the preparation's worker
   processes start: the partial dataset and the temporary files go, no worker prints a
-  traceback, and the launcher reports one line (bert_jax.cli: exit status 130)."""
+  traceback, and the launcher reports one line (bert_jax.runtime.cli: exit status 130)."""
   _, text, _, _ = small
   corpus_path = tmp_path / "corpus.txt"
   with open(corpus_path, "w") as f:

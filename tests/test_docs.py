@@ -492,7 +492,7 @@ def check_runs(runs: list[Invocation | Failure]) -> list[Failure]:
 # ------------------------------------------------------------ the launcher side (subprocess)
 
 def _one_line(error: BaseException) -> str:
-  """The message a user sees (as bert_jax.cli does: ml_collections wraps a KeyError's text)."""
+  """The message a user sees (as bert_jax.runtime.cli does: ml_collections wraps a KeyError's text)."""
   while error.args and isinstance(error.args[0], BaseException):
     error = error.args[0]
   text = error.args[0] if error.args and isinstance(error.args[0], str) else str(error)
@@ -631,7 +631,7 @@ def _worker(request: dict) -> list[list[str]]:
 def _workers(requests: list[dict]) -> None:
   """Each request in a process of its own (absl's FLAGS is global, and launchers define flags
   of the same names), forked from this one after jax is imported: the launchers import it (via
-  bert_jax.cli), and importing it once instead of once per launcher is most of this test's time.
+  bert_jax.runtime.cli), and importing it once instead of once per launcher is most of this test's time.
   stdout, last line: JSON list (per request) of `_worker`'s answers."""
   import jax  # pylint: disable=g-import-not-at-top,unused-import
 
@@ -800,8 +800,8 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
 _DEFINED_FLAG = re.compile(r"DEFINE_\w+\(\s*\"(\w+)\"")
 # Where the flags of launch/*.py are defined: the launcher itself, and what every training
 # launcher shares (`cli.define_flags`, `distributed.define_flags`).
-_FLAG_SOURCES = {"launch/train.py": ("bert_jax/cli.py", "bert_jax/distributed.py"),
-                 "launch/finetune.py": ("bert_jax/cli.py", "bert_jax/distributed.py")}
+_FLAG_SOURCES = {"launch/train.py": ("bert_jax/runtime/cli.py", "bert_jax/runtime/distributed.py"),
+                 "launch/finetune.py": ("bert_jax/runtime/cli.py", "bert_jax/runtime/distributed.py")}
 
 
 def defined_flags(launcher: str) -> set[str]:

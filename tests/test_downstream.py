@@ -1,4 +1,4 @@
-"""`launch/downstream.py` and `bert_jax/downstream.py`: a GLUE suite end to end on TFDS's mock
+"""`launch/downstream.py` and `bert_jax/downstream/suite.py`: a GLUE suite end to end on TFDS's mock
 data (real GLUE feature specs) with a tiny encoder, killed and restarted without redoing a
 finished run; the official metrics against scikit-learn and scipy; the learning rate chosen by
 the median over seeds and BERT's GLUE average; device groups; the recipe's configs; bad flags in
@@ -21,9 +21,11 @@ import scipy.stats
 import sklearn.metrics
 from absl import flags
 
-from bert_jax import downstream, downstream_tasks as suites, weights
+from bert_jax import weights
+
+from bert_jax.downstream import suite as downstream, tasks as suites
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig, BertModel
+from bert_jax.models.model import BertConfig, BertModel
 from configs import finetune_base
 from tests.suite_flags import xla_flags
 

@@ -1,11 +1,11 @@
-"""`bert_jax.model.dropout`: rate, scale, determinism and independence of the masks."""
+"""`bert_jax.models.model.dropout`: rate, scale, determinism and independence of the masks."""
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax.model import BertConfig, dropout
+from bert_jax.models.model import BertConfig, dropout
 
 RATE = 0.1
 SCALE = 65536 / (65536 - round(RATE * 65536))

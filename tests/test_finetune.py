@@ -16,11 +16,15 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import evaluation, finetune, model as model_lib, predict, programs, sharding, tasks
+from bert_jax import finetune, predict, tasks
+
+from bert_jax.training import evaluation, programs, sharding
+
+from bert_jax.models import model as model_lib
 from bert_jax import train, weights
 from bert_jax.data import finetune as finetune_data
 from bert_jax.weights import layout
-from bert_jax.model import BertConfig
+from bert_jax.models.model import BertConfig
 from bert_jax.tasks import classification, qa, tagging
 from bert_jax.data import prepare
 from bert_jax.data.vocab import Vocab, train_sentencepiece

@@ -8,9 +8,9 @@ defaults and the heads really are compared. TF checkpoints are written by
 mapping written independently of the importer's.
 
 Training workdirs come from two steps of the real `launch/train.py` on synthetic data (no
-vocabulary), and from `bert_jax.checkpointing.Checkpointer` directly with the real TrainState
+vocabulary), and from `bert_jax.checkpoints.checkpointing.Checkpointer` directly with the real TrainState
 structure and a vocabulary (as a prepared dataset's run has); a fine-tuning workdir's best
-export from `bert_jax.checkpointing.BestExport` with a classifier head.
+export from `bert_jax.checkpoints.checkpointing.BestExport` with a classifier head.
 """
 
 import dataclasses
@@ -35,7 +35,7 @@ import bert_jax
 from bert_jax import weights
 from bert_jax.data.encoding import encode_pair
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+from bert_jax.models.model import BertConfig, BertForPreTraining, BertModel
 from bert_jax.weights.layout import unpad_vocab
 from bert_jax.weights import tf_bundle
 from tests import tf_bundle_writer
@@ -481,7 +481,8 @@ def test_load_pretrained_from_a_real_training_run(tmp_path):
 
 
 def test_load_pretrained_from_a_checkpointer_workdir_with_a_vocabulary(tmp_path):
-  from bert_jax import checkpointing, optimizer as optimizer_lib, steps
+  from bert_jax.checkpoints import checkpointing
+  from bert_jax.training import optimizer as optimizer_lib, steps
   from configs import tiny
 
   config = tiny.get_config()
@@ -538,7 +539,7 @@ def test_a_fine_tuned_workdir_loads_and_exports_its_encoder_without_the_task_hea
                                                                                   caplog):
   """A fine-tuning run's best export holds {"bert", "classifier"}: loading keeps the encoder
   (pooler included) and leaves the classifier out; convert exports it as a BertModel."""
-  from bert_jax import checkpointing
+  from bert_jax.checkpoints import checkpointing
 
   source, hf = _hf_dir(tmp_path, "encoder", transformers.BertModel, seed=3)
   with pytest.warns(UserWarning, match="has no MLM head, NSP head"):

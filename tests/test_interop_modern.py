@@ -29,11 +29,17 @@ import safetensors.numpy
 import torch
 import transformers
 
-from bert_jax import finetune, hf_export, model as model_lib, predict, programs, steps, weights
+from bert_jax import finetune, predict, weights
+
+from bert_jax.weights import hf_export
+
+from bert_jax.models import model as model_lib
+
+from bert_jax.training import programs, steps
 from bert_jax.tasks import classification
 from bert_jax.data.encoding import encode_pair
 from bert_jax.data.vocab import Vocab, train_sentencepiece
-from bert_jax.model import BertConfig, BertForPreTraining, param_shapes
+from bert_jax.models.model import BertConfig, BertForPreTraining, param_shapes
 from bert_jax.weights import hf, hf_heads, hf_modernbert, hf_tokenizer, params as params_lib
 from configs import finetune_classification, finetune_qa, finetune_tagging
 from tests import test_finetune as ft, test_hf_heads as heads_test

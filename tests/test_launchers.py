@@ -16,7 +16,11 @@ import jax
 import pytest
 from absl import flags
 
-from bert_jax import distributed, flops, reporting
+from bert_jax.runtime import distributed
+
+from bert_jax.models import flops
+
+from bert_jax.training import reporting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

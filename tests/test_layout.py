@@ -13,8 +13,10 @@ import jax
 import numpy as np
 import orbax.checkpoint as ocp
 
-from bert_jax import checkpoint_integrity, checkpointing, weights
-from bert_jax.model import BertConfig, param_shapes
+from bert_jax import weights
+
+from bert_jax.checkpoints import integrity as checkpoint_integrity, checkpointing
+from bert_jax.models.model import BertConfig, param_shapes
 from bert_jax.weights import params as params_lib
 from bert_jax.weights import layout
 from tests import test_train_e2e

@@ -13,7 +13,7 @@ from bert_jax import tasks
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data import local_suite
 from bert_jax.data.vocab import Vocab, train_sentencepiece
-from bert_jax.model import BertConfig
+from bert_jax.models.model import BertConfig
 from configs import finetune_classification, finetune_qa, finetune_tagging
 
 CONFIGS = {"classification": finetune_classification, "tagging": finetune_tagging,

@@ -1,4 +1,4 @@
-"""Tests of bert_jax.masking: reproducibility, jit/vmap, the 15% / 80-10-10 statistics, exact
+"""Tests of bert_jax.objectives.masking: reproducibility, jit/vmap, the 15% / 80-10-10 statistics, exact
 per-row target counts, whole-word masking as google-research/bert, and the effect on the MLM loss."""
 
 import dataclasses
@@ -10,8 +10,8 @@ import ml_collections
 import numpy as np
 import pytest
 
-from bert_jax import losses
-from bert_jax.masking import MaskingConfig, mask_tokens
+from bert_jax.objectives import losses
+from bert_jax.objectives.masking import MaskingConfig, mask_tokens
 from configs import base
 
 # BERT's WordPiece ids: [PAD]=0, [UNK]=100, [CLS]=101, [SEP]=102, [MASK]=103.

@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from bert_jax import sharding
-from bert_jax.model import BertConfig
+from bert_jax.training import sharding
+from bert_jax.models.model import BertConfig
 from configs import base
 from tests.suite_flags import xla_flags
 

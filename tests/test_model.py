@@ -10,11 +10,11 @@ import pytest
 import torch
 import transformers
 
-from bert_jax import losses
-from bert_jax.masking import MaskingConfig
+from bert_jax.objectives import losses
+from bert_jax.objectives.masking import MaskingConfig
 from bert_jax.tasks import PretrainingTask
 from bert_jax.weights import hf_bert
-from bert_jax.model import BertConfig, BertForPreTraining, BertModel
+from bert_jax.models.model import BertConfig, BertForPreTraining, BertModel
 from bert_jax.weights.layout import num_params
 
 SMALL = dict(vocab_size=211, hidden_size=64, num_hidden_layers=2, num_attention_heads=4,

@@ -14,9 +14,11 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import config_checks, model as model_lib, train
-from bert_jax.masking import MaskingConfig
-from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax import config_checks, train
+
+from bert_jax.models import model as model_lib
+from bert_jax.objectives.masking import MaskingConfig
+from bert_jax.models.model import BertConfig, BertForPreTraining
 from bert_jax.tasks import pretraining
 from configs import modern_base, modern_tiny, tiny
 from tests import modern_runs

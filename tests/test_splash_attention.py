@@ -1,4 +1,4 @@
-"""Pallas splash attention (`bert_jax/splash.py`, interpreted on CPU) against the einsum paths:
+"""Pallas splash attention (`bert_jax/models/splash.py`, interpreted on CPU) against the einsum paths:
 forward and gradients for padded, packed and local-window masks, packed rows against their
 examples alone, under the mesh; "auto"'s choice per device; block sizes refused in one line;
 lowering for a TPU without one."""
@@ -12,8 +12,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import config_checks, model, sharding, splash
-from bert_jax.model import (BertConfig, BertModel, attention_mask_from_segments,
+from bert_jax import config_checks
+
+from bert_jax.models import model, splash
+
+from bert_jax.training import sharding
+from bert_jax.models.model import (BertConfig, BertModel, attention_mask_from_segments,
                             einsum_attention, local_attention)
 from configs import base
 

@@ -16,7 +16,7 @@ import pytest
 from bert_jax import finetune
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig
+from bert_jax.models.model import BertConfig
 from bert_jax.tasks import qa
 from configs import finetune_qa
 from tests.test_finetune import QA_CONTEXT, _qa_rows, _task, _task_vocab, finetune_config

@@ -1,4 +1,4 @@
-"""SIGTERM handling (bert_jax/stop_signals.py): the handler never waits for a lock, a stop
+"""SIGTERM handling (bert_jax/runtime/stop_signals.py): the handler never waits for a lock, a stop
 request is announced once by the main thread, and waits honour the grace and a second SIGTERM."""
 
 import os
@@ -11,7 +11,7 @@ import time
 
 import pytest
 
-from bert_jax import stop_signals
+from bert_jax.runtime import stop_signals
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -21,7 +21,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # end-to-end test).
 _LOGGING_UNDER_SIGTERM = textwrap.dedent("""
     import logging, os, signal, sys, threading, time
-    from bert_jax import cli, stop_signals
+    from bert_jax.runtime import cli, stop_signals
     cli.log_to_file(sys.argv[1], 0)
     stop = stop_signals.StopSignals(grace_seconds=5.0).install()
     threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGTERM)).start()

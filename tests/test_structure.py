@@ -1,11 +1,13 @@
 """The house rules of bert_jax/, read from the code: no module imports one that imports it back
-(deferred imports and package `__init__`s included), no function over 60 code lines, and a
-trainer that only runs the loop (at most 300 lines, no task or metric name in it)."""
+(deferred imports and package `__init__`s included), no function over 60 code lines, a
+trainer that only runs the loop (at most 300 lines, no task or metric name in it), and roles in
+folders: at most 6 modules at the top of bert_jax/ (the drivers), the rest in role packages."""
 
 import ast
 import os
 
-from bert_jax import losses, tasks
+from bert_jax import tasks
+from bert_jax.objectives import losses
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "bert_jax")
@@ -86,7 +88,7 @@ def test_no_function_is_over_60_code_lines():
 
 
 def test_the_trainer_only_runs_the_loop():
-  path = os.path.join(PACKAGE, "trainer.py")
+  path = os.path.join(PACKAGE, "training", "trainer.py")
   text = open(path).read()
   assert len(text.splitlines()) <= 300
   strings = {node.value for node in ast.walk(ast.parse(text))
@@ -98,3 +100,12 @@ def test_the_trainer_only_runs_the_loop():
   for task in tasks.FINETUNE_TASKS.values():
     metric_names |= set(task.log_keys) | {name for name, _ in task.loss_terms}
   assert not strings & (task_names | metric_names)
+
+
+def test_the_top_level_holds_the_drivers_and_packages_hold_the_roles():
+  top = sorted(n for n in os.listdir(PACKAGE) if n.endswith(".py"))
+  assert len(top) <= 6, top
+  packages = {n for n in os.listdir(PACKAGE)
+              if os.path.isfile(os.path.join(PACKAGE, n, "__init__.py"))}
+  assert {"models", "training", "objectives", "checkpoints", "runtime", "data", "tasks",
+          "weights", "downstream"} <= packages, packages

@@ -233,7 +233,7 @@ def test_a_resume_with_other_settings_is_refused_and_nothing_is_renamed(prepared
   one line naming the field before any compile, not "damaged" checkpoints set aside (#37). A
   run shorter than the checkpoint says so. Stray names in checkpoints/ are ignored with a
   warning, and the right settings resume from the newest checkpoint."""
-  from bert_jax import checkpoint_integrity  # pylint: disable=import-outside-toplevel
+  from bert_jax.checkpoints import integrity as checkpoint_integrity  # pylint: disable=import-outside-toplevel
   workdir = str(tmp_path / "run")
   shutil.copytree(prepared[0], workdir)
   newest = _checkpoint_steps(workdir)[-1]
@@ -447,7 +447,7 @@ def test_an_empty_or_unparsable_lock_is_taken_over_with_a_warning(tmp_path, capl
                                                                  monkeypatch):
   """Such a lock (a run killed while writing it, a file spoiled by hand) blocked the workdir
   for ever, blaming "another run" (#37). In process: what a launcher calls."""
-  from bert_jax import workdir_lock  # pylint: disable=import-outside-toplevel
+  from bert_jax.runtime import workdir_lock  # pylint: disable=import-outside-toplevel
   monkeypatch.setattr(workdir_lock, "_UNREADABLE_SECONDS", 0.2)  # 2 s: a writer's moment.
   lock_file = tmp_path / "bert_jax.lock"
   for content in ("", "{not json", "[1, 2]", '{"host": "h", "heartbeat": "soon"}'):

@@ -7,9 +7,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from bert_jax import optimizer as optimizer_lib, programs, sharding
-from bert_jax.masking import MaskingConfig
-from bert_jax.model import BertConfig
+from bert_jax.training import optimizer as optimizer_lib, programs, sharding
+from bert_jax.objectives.masking import MaskingConfig
+from bert_jax.models.model import BertConfig
 from bert_jax.tasks import PretrainingTask
 from configs import tiny
 

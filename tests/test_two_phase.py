@@ -17,7 +17,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 import pytest  # noqa: E402
 
-from bert_jax.masking import max_targets_per_row  # noqa: E402
+from bert_jax.objectives.masking import max_targets_per_row  # noqa: E402
 from tests.suite_flags import xla_flags  # noqa: E402
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from bert_jax.varint import encode_varint
+from bert_jax.runtime.varint import encode_varint
 from bert_jax.weights import tf_bundle
 
 _TF_DTYPE_OF = {np.dtype(v): k for k, v in tf_bundle.DTYPES.items() if v != "bfloat16"}

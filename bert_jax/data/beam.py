@@ -47,7 +47,7 @@ import apache_beam as beam
 from apache_beam.options import pipeline_options
 from apache_beam.options.pipeline_options import PipelineOptions
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 from bert_jax.data import blocks
 from bert_jax.data import corpus
 from bert_jax.data import prepare

@@ -21,7 +21,7 @@ from typing import Any, NamedTuple
 import ml_collections
 from absl import logging
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 from bert_jax.data import blocks
 from bert_jax.data import builtin_selection
 from bert_jax.data import corpus

@@ -26,7 +26,7 @@ import threading
 import warnings
 from typing import Iterable, Iterator, Sequence
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 from bert_jax.data import builtin_selection
 
 logger = logging.getLogger(__name__)

@@ -19,7 +19,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 from bert_jax.data import batching
 from bert_jax.data.vocab import Vocab
 

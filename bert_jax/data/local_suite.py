@@ -37,7 +37,7 @@ import warnings
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 from bert_jax.data import corpus
 
 # Bump when what build() writes changes for the same installed files.

@@ -25,7 +25,7 @@ import ml_collections
 import numpy as np
 from tensorflow_datasets.proto import tf_example_pb2
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 from bert_jax.data import batching
 from bert_jax.data import blocks
 from bert_jax.data import builtin

@@ -34,7 +34,7 @@ import uuid
 from collections.abc import Callable, Iterable, Sequence
 from typing import Any
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 from bert_jax.data import blocks
 from bert_jax.data import workers
 
@@ -192,7 +192,7 @@ def _build(output_dir: str, documents_factory: DocumentsFactory, vocab,
     if isinstance(error, KeyboardInterrupt) and num_workers > 0:
       # The frames of its traceback hold the worker pool (itself in reference cycles): without
       # them, and collected, the pool's semaphores are released now, even when the process then
-      # ends with os._exit (bert_jax.cli after a Ctrl-C, skipping multiprocessing's exit
+      # ends with os._exit (bert_jax.runtime.cli after a Ctrl-C, skipping multiprocessing's exit
       # handlers: the resource tracker would print "leaked semaphore objects"). Where Ctrl-C
       # struck is of no interest.
       error = error.with_traceback(None)

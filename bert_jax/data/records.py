@@ -1,7 +1,7 @@
 """Prepared records: a row as the bytes of a serialized `tf.train.Example` (the TFDS record
 format), written by hand.
 
-`RecordSerializer` assembles the protobuf wire format itself (varints from `bert_jax.varint`):
+`RecordSerializer` assembles the protobuf wire format itself (varints from `bert_jax.runtime.varint`):
 3-4x faster than building proto objects, and no TensorFlow. It writes exactly the values of
 `packing`'s reference layout (`nsp_row_features`, `sentences_row_features`); tests decode its
 bytes with the TFDS features of `tfds_builder` and compare.
@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from typing import NamedTuple
 
 from bert_jax.data import packing
-from bert_jax.varint import encode_varint
+from bert_jax.runtime.varint import encode_varint
 
 _SMALL_VARINTS = [encode_varint(i) for i in range(1 << 14)]
 

@@ -14,7 +14,7 @@ import tempfile
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 from bert_jax.data import blocks
 from bert_jax.data import builtin
 from bert_jax.data import corpus

@@ -21,7 +21,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 from bert_jax.data import blocks
 from bert_jax.data import packing
 

@@ -12,7 +12,7 @@ hard-coded elsewhere), `encode`, `encode_with_word_starts` (for whole-word maski
   word; punctuation is its own word (BERT's pre-tokeniser). Special-token text ("[MASK]") is
   matched as the special token, as HF does, unless `split_special_tokens` (pretraining text).
 
-Vocabularies load from and save to local paths or buckets (gs://, through `bert_jax.storage`):
+Vocabularies load from and save to local paths or buckets (gs://, through `bert_jax.runtime.storage`):
 the files are read into memory and written from it, never through local copies.
 """
 
@@ -29,7 +29,7 @@ from typing import Callable, Iterable, Iterator, Sequence
 
 import numpy as np
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.model import BertConfig
+from bert_jax.models.model import BertConfig
 
 Batch = dict[str, jax.Array]
 

@@ -18,7 +18,7 @@ encoder's family, `model.is_modernbert`):
   0 by default as HF's) and `classifier`. From an MLM-pretrained encoder, `head` starts from the
   MLM head's transform, as HF's from_pretrained of a ModernBertForMaskedLM checkpoint does (the
   names match there).
-Parameter names follow HF's, so an export (`bert_jax/hf_export.py`) writes them as they are.
+Parameter names follow HF's, so an export (`bert_jax/weights/hf_export.py`) writes them as they are.
 """
 
 import dataclasses
@@ -33,8 +33,8 @@ import numpy as np
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.finetune import Record, TaskData
 from bert_jax.data.vocab import Vocab
-from bert_jax import model as model_lib
-from bert_jax.model import EMBED, BertConfig, BertModel, PredictionHead
+from bert_jax.models import model as model_lib
+from bert_jax.models.model import EMBED, BertConfig, BertModel, PredictionHead
 from bert_jax.weights.layout import pad_vocab
 from bert_jax.weights.params import PRETRAINING_SUBTREES, TaskHead
 from bert_jax.tasks.base import Batch, Scores, Task

@@ -18,9 +18,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax import flops, losses
-from bert_jax.masking import MaskingConfig, mask_tokens
-from bert_jax.model import BertConfig, BertForPreTraining
+from bert_jax.models import flops
+
+from bert_jax.objectives import losses
+from bert_jax.objectives.masking import MaskingConfig, mask_tokens
+from bert_jax.models.model import BertConfig, BertForPreTraining
 from bert_jax.weights.layout import pad_vocab
 from bert_jax.tasks.base import Batch, Scores, Task
 

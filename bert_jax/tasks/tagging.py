@@ -17,7 +17,7 @@ import numpy as np
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.finetune import Record, TaskData
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig
+from bert_jax.models.model import BertConfig
 from bert_jax.tasks.finetuning import (CLASSIFIER, FinetuneTask, f1_from_counts, head_dense,
                                        head_features, nll)
 

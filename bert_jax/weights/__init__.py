@@ -12,15 +12,17 @@ named in a warning; `heads_present(params)` tells, and `fill_missing_heads` take
 freshly initialised params when the caller decides to. `load_with_head` also returns the task
 head of a HuggingFace task model (`TaskHead`; fine-tuning decides whether it fits its task).
 
-Every path may be local or in a bucket (gs://): files go through `bert_jax.storage`, checkpoints
+Every path may be local or in a bucket (gs://): files go through `bert_jax.runtime.storage`, checkpoints
 through orbax.
 """
 
 import logging
 
-from bert_jax import checkpointing, storage
+from bert_jax.checkpoints import checkpointing
+
+from bert_jax.runtime import storage
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig
+from bert_jax.models.model import BertConfig
 from bert_jax.weights import bert_jax_dir, hf, tf_bundle, training
 from bert_jax.weights.bert_jax_dir import FORMAT_FILE, save_pretrained
 from bert_jax.weights.hf import hf_architecture, load_hf, save_hf

@@ -8,16 +8,18 @@ It holds
 - `vocab/`: the vocabulary (`Vocab.save`), when known;
 - `bert_jax_pretrained.json`: format version, which heads are present, where it came from.
 
-The directory may be local or in a bucket (gs://): every file goes through `bert_jax.storage`,
+The directory may be local or in a bucket (gs://): every file goes through `bert_jax.runtime.storage`,
 the params through orbax.
 """
 
 import os
 from typing import Mapping
 
-from bert_jax import checkpointing, storage
+from bert_jax.checkpoints import checkpointing
+
+from bert_jax.runtime import storage
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig
+from bert_jax.models.model import BertConfig
 from bert_jax.weights import files
 from bert_jax.weights import params as params_lib
 

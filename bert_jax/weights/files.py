@@ -1,13 +1,13 @@
 """File handling the weight formats share: JSON files read with errors that name them, output
 directories that are never silently overwritten, and never one that is, holds or lies inside a
-conversion's input. Paths are local or in a bucket (gs://, through `bert_jax.storage`)."""
+conversion's input. Paths are local or in a bucket (gs://, through `bert_jax.runtime.storage`)."""
 
 import json
 import os
 import posixpath
 from typing import Mapping
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 
 
 def read_json(path: str) -> dict:

@@ -11,10 +11,10 @@ Export (`save_hf`): `config.json`, `model.safetensors` and the tokenizer files
 (`weights.hf_tokenizer`: AutoTokenizer gives bert_jax's ids), readable by `transformers`'
 `from_pretrained` without remote code: BertForPreTraining names for exact BERT, ModernBERT's for
 the modern encoder (`hf_modernbert.is_modernbert`; no pooler or NSP head there), or a task model
-with a fine-tuned head (`bert_jax/hf_export.py`). Parameter names and layouts come from
+with a fine-tuned head (`bert_jax/weights/hf_export.py`). Parameter names and layouts come from
 `bert_jax.weights.hf_bert`'s one table, `hf_modernbert` and `hf_heads`.
 
-Directories may be local or in a bucket (gs://, through `bert_jax.storage`): a bucket's weight
+Directories may be local or in a bucket (gs://, through `bert_jax.runtime.storage`): a bucket's weight
 files are read into memory and written from it.
 """
 
@@ -28,9 +28,11 @@ import numpy as np
 import safetensors
 import safetensors.numpy
 
-from bert_jax import model as model_lib, storage
+from bert_jax.models import model as model_lib
+
+from bert_jax.runtime import storage
 from bert_jax.data.vocab import SENTENCEPIECE_FILE, Vocab
-from bert_jax.model import BertConfig
+from bert_jax.models.model import BertConfig
 from bert_jax.weights import files, hf_bert, hf_heads, hf_modernbert, hf_tokenizer
 from bert_jax.weights import params as params_lib
 

@@ -18,7 +18,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from bert_jax.model import BertConfig, param_shapes
+from bert_jax.models.model import BertConfig, param_shapes
 from bert_jax.weights.layout import pad_vocab, unpad_vocab
 
 # HuggingFace keys that are buffers, not parameters: accepted and ignored.

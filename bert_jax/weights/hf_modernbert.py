@@ -17,7 +17,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from bert_jax.model import (ACTIVATIONS, MODERNBERT_ARCHITECTURE as ARCHITECTURE, POOLINGS,
+from bert_jax.models.model import (ACTIVATIONS, MODERNBERT_ARCHITECTURE as ARCHITECTURE, POOLINGS,
                             BertConfig, is_modernbert, param_shapes)
 from bert_jax.weights.layout import pad_vocab, unpad_vocab
 

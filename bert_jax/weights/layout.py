@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.model import BertConfig
+from bert_jax.models.model import BertConfig
 
 # Params with one row per vocabulary entry (the tied decoder reuses the word embeddings).
 VOCAB_PARAMS = (("bert", "embeddings", "word_embeddings", "embedding"), ("mlm", "bias"))

@@ -16,9 +16,9 @@ import flax.linen as nn
 import jax
 import numpy as np
 
-from bert_jax import model as model_lib
+from bert_jax.models import model as model_lib
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig
+from bert_jax.models.model import BertConfig
 from bert_jax.weights import hf_bert, layout
 
 logger = logging.getLogger(__name__)

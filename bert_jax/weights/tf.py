@@ -12,9 +12,9 @@ import warnings
 
 import numpy as np
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig
+from bert_jax.models.model import BertConfig
 from bert_jax.weights import files, hf, tf_bundle
 from bert_jax.weights import params as params_lib
 

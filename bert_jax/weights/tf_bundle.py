@@ -26,7 +26,7 @@ import cramjam
 import google_crc32c
 import numpy as np
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 
 INDEX_SUFFIX = ".index"
 TABLE_MAGIC = 0xDB4775248B80FB57

@@ -1,5 +1,5 @@
 """Weights of bert_jax's own runs: a pretraining or fine-tuning workdir, its `checkpoints/` or
-`best/` directory, or one step directory, read through `bert_jax.checkpointing` (which owns the
+`best/` directory, or one step directory, read through `bert_jax.checkpoints.checkpointing` (which owns the
 layout). Only the params are read, never the optimizer state.
 
 A fine-tuning run's params are a head model's (`{"bert": encoder, "classifier": ...}`): the
@@ -13,9 +13,9 @@ leave that layout (`layout.unpad_vocab`): like every format's, they hold the rea
 import logging
 from typing import Mapping
 
-from bert_jax import checkpointing
+from bert_jax.checkpoints import checkpointing
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import BertConfig
+from bert_jax.models.model import BertConfig
 from bert_jax.weights.layout import unpad_vocab
 from bert_jax.weights import params as params_lib
 

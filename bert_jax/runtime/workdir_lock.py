@@ -30,8 +30,8 @@ import numpy as np
 from absl import logging
 from jax.experimental import multihost_utils
 
-from bert_jax import storage
-from bert_jax.stop_signals import Interrupted
+from bert_jax.runtime import storage
+from bert_jax.runtime.stop_signals import Interrupted
 
 LOCK_FILE = "bert_jax.lock"
 HEARTBEAT_SECONDS = 15.0  # How often the holder renews the lock.

@@ -5,7 +5,7 @@ so that every host stops at the same step and their checkpoint shares match."""
 import jax
 from jax.experimental import multihost_utils
 
-from bert_jax.stop_signals import StopSignals
+from bert_jax.runtime.stop_signals import StopSignals
 
 
 class PreemptionFlag:

@@ -13,7 +13,9 @@ import jax
 import jax.numpy as jnp
 import ml_collections
 
-from bert_jax import model, optimizer as optimizer_lib, sharding, steps
+from bert_jax.models import model
+
+from bert_jax.training import optimizer as optimizer_lib, sharding, steps
 from bert_jax.tasks.base import Task
 
 # The config.train fields the compiled step depends on (with the task, mesh and rules).

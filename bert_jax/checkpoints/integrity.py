@@ -2,13 +2,13 @@
 checkpoint, written once orbax has committed it and checked before it is restored, so a
 checkpoint damaged in storage (truncated, garbled, files missing) is never trained from.
 Checksums are CRC-32 of local files, and the object's own CRC-32C in a GCS bucket (read from
-its metadata: nothing is downloaded). `bert_jax/checkpointing.py` is the only user."""
+its metadata: nothing is downloaded). `bert_jax/checkpoints/checkpointing.py` is the only user."""
 
 import json
 
 from absl import logging
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 
 MANIFEST_FILE = "bert_jax_manifest.json"
 

@@ -42,7 +42,7 @@ class StopSignals:
   """SIGTERM as a stop request, checked at step boundaries and honoured inside waits.
 
   Installed for one process only (`install`); with several processes the step-boundary stop
-  comes from JAX's preemption sync point (see `bert_jax/trainer.py`), and waits still poll so
+  comes from JAX's preemption sync point (see `bert_jax/training/trainer.py`), and waits still poll so
   that SIGINT stops them.
   """
 

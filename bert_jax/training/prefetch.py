@@ -5,7 +5,7 @@ import collections
 import json
 from typing import Iterator
 
-from bert_jax import sharding
+from bert_jax.training import sharding
 
 
 def prefetched(train_iter, mesh, depth: int) -> Iterator[tuple[dict, bytes]]:

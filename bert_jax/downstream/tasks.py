@@ -1,4 +1,4 @@
-"""The tasks of the downstream suites (`launch/downstream.py`, run by `bert_jax/downstream.py`):
+"""The tasks of the downstream suites (`launch/downstream.py`, run by `bert_jax/downstream/suite.py`):
 what each fine-tunes on, how it is set up and how it is scored.
 
 - GLUE as in BERT's paper (Table 1): CoLA, SST-2, MRPC, QQP, STS-B, MNLI, QNLI, RTE from TFDS

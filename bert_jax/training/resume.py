@@ -8,9 +8,11 @@ from typing import Any, Callable
 import jax
 import numpy as np
 
-from bert_jax import checkpointing, steps
-from bert_jax.model import padded_size
-from bert_jax.programs import Program
+from bert_jax.checkpoints import checkpointing
+
+from bert_jax.training import steps
+from bert_jax.models.model import padded_size
+from bert_jax.training.programs import Program
 from bert_jax.tasks.base import Task
 from bert_jax.weights import layout
 

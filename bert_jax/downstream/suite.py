@@ -42,9 +42,9 @@ import numpy as np
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax import storage
-from bert_jax import downstream_tasks as suites
-from bert_jax.downstream_tasks import TaskSpec
+from bert_jax.runtime import storage
+from bert_jax.downstream import tasks as suites
+from bert_jax.downstream.tasks import TaskSpec
 
 SCORES_FILE = "downstream_scores.json"
 # What a run learns from (written into its workdir before it trains): a restart with other
@@ -55,7 +55,7 @@ SETTINGS_FILE = "downstream_settings.json"
 SETTINGS_SECTIONS = ("seed", "task", "init_from", "vocab", "model", "head", "data", "train")
 RESULTS_JSON, RESULTS_MD = "results.json", "results.md"
 DEFAULT_LEARNING_RATES = "2e-5,3e-5,4e-5,5e-5"  # BERT's GLUE grid (paper, Appendix A.3).
-_ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 # Config fields each run gets from the suite's own flags, so an override would be overwritten.
 SUITE_FIELDS = {
     "seed": "--seeds", "task": "--suite / --tasks", "init_from": "--checkpoint",
@@ -167,7 +167,7 @@ def encoder_root(checkpoint: str) -> str:
   (`<workdir>/checkpoints/<step>`, `<workdir>/best/<step>`), the directory of a TF checkpoint
   prefix, else the path itself. The suite's output never goes there: the encoder's own run
   would rotate or overwrite it, and it the encoder's files."""
-  from bert_jax import checkpointing  # pylint: disable=g-import-not-at-top
+  from bert_jax.checkpoints import checkpointing  # pylint: disable=g-import-not-at-top
   parent = os.path.dirname(checkpoint.rstrip("/"))
   if storage.isdir(storage.join(checkpoint, "meta")) and storage.basename(parent) in (
       checkpointing.CHECKPOINTS_DIR, checkpointing.BEST_DIR):
@@ -292,7 +292,8 @@ def encoder_identity(path: str) -> dict[str, Any]:
   directory of weights), "encoder.fingerprint": SHA-256 of its files' sizes and checksums (of a
   training checkpoint's verification record, when it has one: nothing more is read)}."""
   # pylint: disable-next=g-import-not-at-top
-  from bert_jax import checkpoint_integrity, checkpointing, weights
+  from bert_jax import weights
+  from bert_jax.checkpoints import integrity as checkpoint_integrity, checkpointing
   step, files = None, None
   if storage.isdir(path):
     if weights.detect_format(path) == "training":  # The checkpoint `config.init_from` reads.
@@ -381,7 +382,8 @@ def run_one(spec: TaskSpec, run: Run, config, output_dir: str, position: str,
   """Trains (or resumes) and scores one run, unless done. -> False when a signal stopped it.
   `encoder`: its identity (`encoder_identity`), recorded with the run's settings."""
   import jax  # pylint: disable=g-import-not-at-top
-  from bert_jax import cli, finetune, workdir_lock  # pylint: disable=g-import-not-at-top
+  from bert_jax import finetune  # pylint: disable=g-import-not-at-top
+  from bert_jax.runtime import cli, workdir_lock
   run_dir = run.workdir(output_dir)
   label = f"{position} {run.task} lr {run.learning_rate:g} seed {run.seed}"
   if storage.isfile(storage.join(run_dir, SCORES_FILE)):

@@ -14,8 +14,10 @@ import jax
 import numpy as np
 from absl import logging
 
-from bert_jax import flops, storage
-from bert_jax.metrics_writer import MetricWriter
+from bert_jax.models import flops
+
+from bert_jax.runtime import storage
+from bert_jax.runtime.metrics_writer import MetricWriter
 from bert_jax.tasks.base import Scores, Task
 
 

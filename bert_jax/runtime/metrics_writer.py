@@ -9,7 +9,7 @@ import time
 
 import jax
 
-from bert_jax import storage
+from bert_jax.runtime import storage
 
 
 def console(message: str) -> None:

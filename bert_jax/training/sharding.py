@@ -1,6 +1,6 @@
 """The device mesh (data / fsdp / tensor axes) and the logical-axis rules that place arrays on it.
 
-Parameters carry logical axis names (see `bert_jax/model.py`); `config.mesh.logical_axis_rules`
+Parameters carry logical axis names (see `bert_jax/models/model.py`); `config.mesh.logical_axis_rules`
 maps them onto mesh axes. Batches are split over data x fsdp. Every dimension that a rule splits
 must divide by the mesh axes it maps to: `check_divisibility` tells which config field does not,
 before anything compiles (XLA would fail later with a bare IndivisibleError).
@@ -15,7 +15,7 @@ import numpy as np
 from jax.experimental import mesh_utils
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
-from bert_jax.model import AXIS_SOURCES, BertForPreTraining
+from bert_jax.models.model import AXIS_SOURCES, BertForPreTraining
 
 MESH_AXES = ("data", "fsdp", "tensor")
 BATCH_AXES = ("data", "fsdp")

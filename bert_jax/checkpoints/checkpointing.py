@@ -31,10 +31,12 @@ from absl import logging
 from etils import epath
 from jax.experimental import multihost_utils
 
-from bert_jax import checkpoint_integrity, storage, workdir_lock
+from bert_jax.checkpoints import integrity as checkpoint_integrity
+
+from bert_jax.runtime import storage, workdir_lock
 from bert_jax.data.vocab import Vocab
-from bert_jax.model import ARCHITECTURE, SHAPE, BertConfig
-from bert_jax.stop_signals import StopSignals, interruptible
+from bert_jax.models.model import ARCHITECTURE, SHAPE, BertConfig
+from bert_jax.runtime.stop_signals import StopSignals, interruptible
 
 CHECKPOINTS_DIR = "checkpoints"
 BEST_DIR = "best"

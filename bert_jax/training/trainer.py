@@ -22,13 +22,17 @@ import flax.linen as nn
 import jax
 from absl import logging
 
-from bert_jax import checkpointing, evaluation, model, programs, resume, sharding
+from bert_jax.checkpoints import checkpointing
+
+from bert_jax.training import evaluation, programs, resume, sharding
+
+from bert_jax.models import model
 from bert_jax.data.vocab import Vocab
-from bert_jax.metrics_writer import MetricWriter
-from bert_jax.preemption import PreemptionFlag
-from bert_jax.prefetch import prefetched
-from bert_jax.reporting import Reporter
-from bert_jax.stop_signals import Interrupted
+from bert_jax.runtime.metrics_writer import MetricWriter
+from bert_jax.training.preemption import PreemptionFlag
+from bert_jax.training.prefetch import prefetched
+from bert_jax.training.reporting import Reporter
+from bert_jax.runtime.stop_signals import Interrupted
 from bert_jax.tasks.base import Task
 
 

@@ -10,7 +10,7 @@ import math
 from collections.abc import Sequence
 from typing import Any
 
-from bert_jax.model import BertConfig, param_shapes
+from bert_jax.models.model import BertConfig, param_shapes
 
 _LAYERS = ("bert", "encoder", "layers")
 
@@ -79,7 +79,7 @@ def total_peak_flops(devices: Sequence[Any]) -> tuple[float | None, str]:
     hosts = len({d.process_index for d in devices})
     return measure_matmul_peak() * hosts, f"f32 matmul measured on this host x {hosts} host(s)"
   return None, (f"no peak FLOP/s known for device kind {kind!r}, so no MFU is reported; add it to "
-                "PEAK_FLOPS_BY_DEVICE_KIND in bert_jax/flops.py")
+                "PEAK_FLOPS_BY_DEVICE_KIND in bert_jax/models/flops.py")
 
 
 def measure_matmul_peak(size: int = 1024, repeats: int = 10) -> float:

@@ -23,7 +23,7 @@ from typing import Callable
 from absl import app, flags, logging
 from ml_collections import config_flags
 
-from bert_jax import distributed, stop_signals, storage
+from bert_jax.runtime import distributed, stop_signals, storage
 
 # Failures a user can fix, reported in one line; anything else keeps its traceback (a bug).
 # OSError covers missing files, permissions, a full disk and `CheckpointSaveError`.

@@ -13,7 +13,7 @@ import jax
 import numpy as np
 from jax.experimental import multihost_utils
 
-from bert_jax import sharding
+from bert_jax.training import sharding
 
 Outputs = dict[str, np.ndarray]
 

@@ -1,0 +1,1 @@
+"""The one checkpoint owner (orbax manager, integrity checks)."""

@@ -1,0 +1,1 @@
+"""Downstream suites (GLUE-style task specs, the suite runner and its metrics)."""

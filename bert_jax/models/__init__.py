@@ -1,0 +1,1 @@
+"""The encoder: its config and blocks (`model`), splash attention, FLOP counts."""

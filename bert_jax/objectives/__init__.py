@@ -1,0 +1,1 @@
+"""Pretraining objectives: masking and the losses."""
