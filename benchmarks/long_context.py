@@ -9,7 +9,7 @@ XLA's own FLOP count (`xla_flops_per_device`) is printed too, but it counts a sc
 body once, and the body is 3 layers with local attention against 1 without: compare the model
 FLOPs instead.
 
-Results: benchmarks/results/long_context.jsonl (README.md, "The modern encoder").
+Results: benchmarks/results/long_context.jsonl (docs/modern_encoder.md).
 
 Run:
   <venv>/bin/python benchmarks/long_context.py [--length=8192] [--remat=dots,full,none]

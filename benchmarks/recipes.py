@@ -20,7 +20,7 @@ throughout a run. The final params of each variant are saved as bert_jax pretrai
 directories under <workdir>/encoders/<variant>/ for fine-tuning.
 
 Results: benchmarks/results/recipes.jsonl, benchmarks/results/recipes_time_to_accuracy.png, and
-the tables printed at the end (README.md, "The modern encoder").
+the tables printed at the end (docs/modern_encoder.md).
 
 Run:
   <venv>/bin/python benchmarks/recipes.py --workdir=/tmp/recipes_bench
@@ -137,7 +137,7 @@ def rows_from_log(path: str) -> list[dict]:
 
 
 def write_results(rows: list[dict], tag: str) -> None:
-  """results/<tag>.jsonl, the plot, and the table on stdout (README.md, "The modern encoder")."""
+  """results/<tag>.jsonl, the plot, and the table on stdout (docs/modern_encoder.md)."""
   curves = [r for r in rows if r["kind"] == "curve"]
   names = [c["variant"] for c in curves]
   rows = [r for r in rows if r["kind"] not in ("curve", "summary")] + curves

@@ -2,7 +2,7 @@ r"""Pretrains BERT (MLM + NSP): `python launch/train.py --config=configs/tiny.py
 
 Overrides: `--config.train.batch_size=32`, `--config.data.source=synthetic`, ... (the config is
 locked: a mistyped field fails). `--workdir` defaults to runs/<config name>; a second start in the
-same workdir resumes from its latest checkpoint. Multi-host: see README.md ("Scale-out").
+same workdir resumes from its latest checkpoint. Multi-host: see docs/scale_out.md.
 """
 
 import json

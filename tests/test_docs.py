@@ -1,5 +1,6 @@
-r"""The docs' commands and config fields exist: README.md, WORKSPACE.md and benchmarks/README.md
-are checked against the launchers and configs as they are now.
+r"""The docs' commands and config fields exist: README.md, docs/*.md, WORKSPACE.md and
+benchmarks/README.md are checked against the launchers and configs as they are now, and their
+relative links lead to files that exist.
 
 What this pins:
 1. Every documented command that runs a script of `launch/` or `benchmarks/` (in ``` blocks, a
@@ -48,7 +49,8 @@ import tokenize
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-DOCS = ("README.md", "WORKSPACE.md", "benchmarks/README.md")
+DOCS = ("README.md", "WORKSPACE.md", "benchmarks/README.md",
+        *sorted(os.path.relpath(p, ROOT) for p in glob.glob(os.path.join(ROOT, "docs", "*.md"))))
 CONFIG_FILES_WITH_FIELDS = ("configs/base.py", "configs/finetune_base.py")
 
 
@@ -815,11 +817,29 @@ def defined_flags(launcher: str) -> set[str]:
   return names
 
 
-def test_every_launcher_flag_is_in_the_readme():
-  readme = _read(os.path.join(ROOT, "README.md"))
+def test_every_launcher_flag_is_in_the_docs():
+  readme = "\n".join(_read(os.path.join(ROOT, name)) for name in DOCS if name != "WORKSPACE.md")
   launchers = sorted(os.path.relpath(path, ROOT)
                      for path in glob.glob(os.path.join(ROOT, "launch", "*.py")))
   missing = [f"{launcher}: --{name}" for launcher in launchers
              for name in sorted(defined_flags(launcher))
              if not re.search(rf"--{name}\b", readme)]
-  assert not missing, "flags README.md does not name:\n" + "\n".join(missing)
+  assert not missing, "flags README.md and docs/ do not name:\n" + "\n".join(missing)
+
+
+# ------------------------------------------------------------------- links between the docs
+
+_LINK = re.compile(r"\]\(([^)\s]+)\)")
+
+
+def test_relative_links_lead_to_files():
+  broken = []
+  for name in DOCS:
+    for number, line in enumerate(_read(os.path.join(ROOT, name)).splitlines(), 1):
+      for target in _LINK.findall(line):
+        if re.match(r"[a-z]+:", target) or target.startswith("#"):
+          continue
+        path = os.path.normpath(os.path.join(ROOT, os.path.dirname(name), target.split("#")[0]))
+        if not os.path.exists(path):
+          broken.append(f"{name}:{number}: {target}")
+  assert not broken, "links to files that do not exist:\n" + "\n".join(broken)
