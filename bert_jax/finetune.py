@@ -19,11 +19,8 @@ import jax
 from absl import logging
 
 from bert_jax import config_checks, tasks
-
 from bert_jax.models import model as model_lib
-
 from bert_jax.training import programs, sharding, trainer
-
 from bert_jax.runtime import storage
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.vocab import Vocab

@@ -17,11 +17,8 @@ import jax
 import numpy as np
 
 from bert_jax import tasks
-
 from bert_jax.checkpoints import checkpointing
-
 from bert_jax.training import evaluation
-
 from bert_jax.runtime import storage
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.vocab import Vocab

@@ -12,11 +12,8 @@ import jax
 from jax.experimental import multihost_utils
 
 from bert_jax import config_checks
-
 from bert_jax.checkpoints import checkpointing
-
 from bert_jax.training import programs, sharding, trainer
-
 from bert_jax.runtime import storage
 from bert_jax.data import batching, builtin, packing, pipeline, prepare
 from bert_jax.data.vocab import Vocab

@@ -4,7 +4,8 @@ r"""Runs N processes of a launcher on this machine as one JAX multi-host job (CP
       launch/train.py --config=configs/tiny.py --config.data.source=synthetic
 
 Each process gets `--coordinator_address=127.0.0.1:PORT --num_processes=N --process_id=i` and
-its own forced CPU devices. Output lines are prefixed with the process id. If any process fails,
+its own forced CPU devices. `--debug` shows the runner's own tracebacks; a bad flag is one
+`error:` line (exit status 2). Output lines are prefixed with the process id. If any process fails,
 the others are stopped after --grace_seconds, and the exit status is the first failure's.
 """
 
@@ -15,7 +16,11 @@ import sys
 import threading
 import time
 
-from absl import app, flags
+from absl import flags
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+from bert_jax.runtime import cli  # pylint: disable=g-import-not-at-top
 
 flags.DEFINE_integer("num_processes", 2, "Processes to start.")
 flags.DEFINE_integer("devices_per_process", 4, "Forced CPU devices per process.")
@@ -37,8 +42,8 @@ def _pump(process: subprocess.Popen, prefix: str) -> None:
     sys.stdout.flush()
 
 
-def main(argv):
-  command = argv[1:]
+def main(command: list[str]) -> None:
+  """`command`: the launcher and its flags, everything after `--`."""
   if not command:  # One line, as every launcher's usage errors (not absl's usage page).
     print("error: give the launcher and its flags after --, e.g. -- launch/train.py "
           "--config=configs/tiny.py", file=sys.stderr)
@@ -79,4 +84,4 @@ def main(argv):
 
 
 if __name__ == "__main__":
-  app.run(main)
+  cli.run(main, arguments=True)

@@ -43,7 +43,27 @@ HEAVIEST_FILES = (
     "test_attention_and_vocab_padding.py", "test_model.py", "test_layout.py")
 
 
+# End-to-end files: they start launchers or other processes (hosts, emulators, Beam workers) or
+# train for many steps. `pytest -m "not e2e"` leaves them out: the unit tests, a few minutes.
+E2E_FILES = (
+    "test_train_e2e.py", "test_cloud_workdir.py", "test_finetune.py", "test_modern_encoder.py",
+    "test_multihost.py", "test_stop_signals.py", "test_downstream.py", "test_beam_prepare.py",
+    "test_two_phase.py", "test_task_extension.py", "test_local_suite.py", "test_squad2.py",
+    "test_convert_predict_guards.py", "test_data_guards.py", "test_mesh_sweep.py",
+    "test_cloud_storage.py", "test_launchers.py", "test_docs.py")
+
+
+def pytest_configure(config):
+  config.addinivalue_line("markers", "e2e: starts processes or trains for many steps "
+                          "(tests/conftest.py E2E_FILES); -m 'not e2e' runs the unit tests")
+
+
 def pytest_collection_modifyitems(items):
-  """Heaviest files first (see HEAVIEST_FILES); the order within a file is kept."""
+  """Heaviest files first (see HEAVIEST_FILES); the order within a file is kept. Tests of
+  E2E_FILES get the e2e marker."""
+  import pytest  # pylint: disable=import-outside-toplevel
+  for item in items:
+    if os.path.basename(str(item.path)) in E2E_FILES:
+      item.add_marker(pytest.mark.e2e)
   rank = {name: i for i, name in enumerate(HEAVIEST_FILES)}
   items.sort(key=lambda item: rank.get(os.path.basename(str(item.path)), len(rank)))

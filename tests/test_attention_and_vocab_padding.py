@@ -15,9 +15,7 @@ import torch
 import transformers
 
 from bert_jax import tasks, train
-
 from bert_jax.objectives import losses
-
 from bert_jax.training import resume, sharding
 from bert_jax.weights import hf_bert
 from bert_jax.models.model import (BertConfig, BertForPreTraining, attention_mask_from_segments,

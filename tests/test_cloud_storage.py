@@ -15,7 +15,6 @@ import pytest
 import torch
 
 from bert_jax import weights
-
 from bert_jax.runtime import storage
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data import corpus, pipeline, prepare

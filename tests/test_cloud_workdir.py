@@ -14,7 +14,6 @@ import time
 import pytest
 
 from bert_jax import finetune, predict, weights
-
 from bert_jax.runtime import storage
 from tests import gcs_emulator
 from tests.test_finetune import _keyword_rows, _task_vocab, finetune_config

@@ -7,9 +7,7 @@ import types
 import pytest
 
 from bert_jax import config_checks, train
-
 from bert_jax.models import model
-
 from bert_jax.training import sharding
 from bert_jax.models.model import BertConfig
 from configs import (base, finetune_base, finetune_classification, finetune_qa, finetune_tagging,

@@ -22,7 +22,6 @@ import numpy as np
 import pytest
 
 from bert_jax import predict, tasks, weights
-
 from bert_jax.checkpoints import checkpointing
 from bert_jax.models import model as model_lib
 from bert_jax.weights import hf_bert

@@ -22,7 +22,6 @@ import sklearn.metrics
 from absl import flags
 
 from bert_jax import weights
-
 from bert_jax.downstream import suite as downstream, tasks as suites
 from bert_jax.data.vocab import Vocab
 from bert_jax.models.model import BertConfig, BertModel

@@ -17,9 +17,7 @@ import numpy as np
 import pytest
 
 from bert_jax import finetune, predict, tasks
-
 from bert_jax.training import evaluation, programs, sharding
-
 from bert_jax.models import model as model_lib
 from bert_jax import train, weights
 from bert_jax.data import finetune as finetune_data

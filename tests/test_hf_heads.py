@@ -25,9 +25,7 @@ import torch
 import transformers
 
 from bert_jax import finetune, predict, tasks
-
 from bert_jax.weights import hf_export
-
 from bert_jax.training import resume
 from bert_jax.data import finetune as finetune_data
 from configs import finetune_classification, finetune_qa, finetune_tagging

@@ -30,11 +30,8 @@ import torch
 import transformers
 
 from bert_jax import finetune, predict, weights
-
 from bert_jax.weights import hf_export
-
 from bert_jax.models import model as model_lib
-
 from bert_jax.training import programs, steps
 from bert_jax.tasks import classification
 from bert_jax.data.encoding import encode_pair
@@ -311,7 +308,7 @@ def sentencepiece_vocabs(tmp_path_factory):
   byte fallback), unigram and BPE, on lines of bert_jax's own sources."""
   directory = tmp_path_factory.mktemp("spm")
   lines = []
-  for name in ("model.py", "data/vocab.py", "data/corpus.py"):
+  for name in ("models/model.py", "data/vocab.py", "data/corpus.py"):
     with open(os.path.join(ROOT, "bert_jax", name), encoding="utf-8") as f:
       lines += [line.strip() for line in f if line.strip()]
   lines += SENTENCES * 3

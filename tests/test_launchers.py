@@ -17,9 +17,7 @@ import pytest
 from absl import flags
 
 from bert_jax.runtime import distributed
-
 from bert_jax.models import flops
-
 from bert_jax.training import reporting
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -278,3 +276,35 @@ def test_the_trainer_reports_no_mfu_for_an_unknown_chip(monkeypatch):
   monkeypatch.setattr(jax, "devices", lambda: [_Device("Mystery Accelerator")] * 8)
   task = type("Task", (), {"flops_per_example": lambda self: 1.0e9})()
   assert reporting.peak_flops(task) is None
+
+
+# ------------------------------------------------------------------------------------ --help
+
+SHARED_FLAGS = {"launch/train.py": ("config", "workdir", "debug", "coordinator_address",
+                                    "num_processes", "process_id", "distributed"),
+                "launch/finetune.py": ("config", "workdir", "debug", "coordinator_address",
+                                       "num_processes", "process_id", "distributed"),
+                "launch/downstream.py": ("config", "debug", "checkpoint", "suite", "tasks"),
+                "launch/local_multiprocess.py": ("debug", "num_processes")}
+
+
+@pytest.mark.parametrize("launcher", sorted(SHARED_FLAGS))
+def test_help_shows_the_shared_flags_with_their_defaults(launcher):
+  """absl's --help lists the launcher module's own flags only; cli.run makes the flags bert_jax
+  defines for it (config, workdir, debug, multi-host) its key flags."""
+  shown = subprocess.run([sys.executable, launcher, "--help"], cwd=ROOT, capture_output=True,
+                         text=True, timeout=120).stdout
+  listed = set(re.findall(r"^\s+--(?:\[no\])?(\w+):", shown, flags=re.M))
+  assert set(SHARED_FLAGS[launcher]) <= listed, (launcher, sorted(listed))
+  if "heartbeat_timeout" in listed:
+    assert re.search(r"--heartbeat_timeout:.*\n(.*\n)*?\s+\(default: '100'\)", shown)
+
+
+def test_local_multiprocess_reports_a_bad_flag_in_one_line():
+  result = subprocess.run([sys.executable, "launch/local_multiprocess.py", "--num_processes=x",
+                           "--", "launch/train.py"], cwd=ROOT, capture_output=True, text=True,
+                          timeout=120)
+  assert result.returncode == 2
+  assert result.stderr.strip().splitlines() == [
+      "error: bad flag or config override: flag --num_processes=x: invalid literal for int() "
+      "with base 10: 'x'"]

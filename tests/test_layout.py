@@ -14,7 +14,6 @@ import numpy as np
 import orbax.checkpoint as ocp
 
 from bert_jax import weights
-
 from bert_jax.checkpoints import integrity as checkpoint_integrity, checkpointing
 from bert_jax.models.model import BertConfig, param_shapes
 from bert_jax.weights import params as params_lib

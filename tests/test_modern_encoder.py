@@ -15,7 +15,6 @@ import numpy as np
 import pytest
 
 from bert_jax import config_checks, train
-
 from bert_jax.models import model as model_lib
 from bert_jax.objectives.masking import MaskingConfig
 from bert_jax.models.model import BertConfig, BertForPreTraining

@@ -19,9 +19,7 @@ from absl import flags
 from ml_collections import config_flags
 
 from bert_jax import config_checks
-
 from bert_jax.objectives import losses
-
 from bert_jax.training import optimizer as optimizer_lib, programs
 from bert_jax.objectives.masking import MaskingConfig
 from bert_jax.models.model import BertConfig, BertForPreTraining

@@ -13,9 +13,7 @@ import numpy as np
 import pytest
 
 from bert_jax import config_checks
-
 from bert_jax.models import model, splash
-
 from bert_jax.training import sharding
 from bert_jax.models.model import (BertConfig, BertModel, attention_mask_from_segments,
                             einsum_attention, local_attention)

@@ -16,7 +16,6 @@ import numpy as np
 import pytest
 
 from bert_jax import finetune, predict, tasks, train
-
 from bert_jax.models import model as model_lib
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.encoding import encode_pair

@@ -32,7 +32,6 @@ from etils import epath
 from jax.experimental import multihost_utils
 
 from bert_jax.checkpoints import integrity as checkpoint_integrity
-
 from bert_jax.runtime import storage, workdir_lock
 from bert_jax.data.vocab import Vocab
 from bert_jax.models.model import ARCHITECTURE, SHAPE, BertConfig

@@ -216,13 +216,26 @@ def _on_sigint(signum, frame) -> None:
   raise KeyboardInterrupt
 
 
-def run(main: Callable[[], None], *, multi_host: bool = False, after_interrupt: str = "") -> None:
-  """`app.run` for a launcher's `main()`: flags (a bad one: one line), quiet console, the
-  multi-host runtime when `multi_host`, expected errors as one line with exit status 1, and
-  SIGINT / a signal that stopped a wait as one line with exit status 128 + the signal
-  (`after_interrupt`: what the launcher's next start does, said after SIGINT's line)."""
+def _shared_flags_in_help() -> None:
+  """absl's --help lists the key flags of the launcher's own module only: the flags bert_jax's
+  modules define for it (--config, --workdir, --debug, the multi-host flags, a suite's flags)
+  become its key flags too, so --help shows them with their defaults (not only --helpfull)."""
+  for module, module_flags in flags.FLAGS.flags_by_module_dict().items():
+    if module.startswith("bert_jax."):
+      for flag in module_flags:
+        flags.FLAGS.register_key_flag_for_module(sys.argv[0], flag)
+
+
+def run(main: Callable[..., None], *, multi_host: bool = False, after_interrupt: str = "",
+        arguments: bool = False) -> None:
+  """`app.run` for a launcher's `main()`: flags (a bad one: one line; --help shows the shared
+  ones), quiet console, the multi-host runtime when `multi_host`, expected errors as one line
+  with exit status 1, and SIGINT / a signal that stopped a wait as one line with exit status
+  128 + the signal (`after_interrupt`: what the launcher's next start does, said after SIGINT's
+  line). With `arguments`, `main(args)` gets the positional arguments (after `--`); without,
+  any is refused."""
   def absl_main(argv: list[str]) -> None:
-    if len(argv) > 1:
+    if len(argv) > 1 and not arguments:
       _report(f"unexpected arguments: {argv[1:]} (flags are written --name=value)")
       sys.exit(2)
     _quiet_console()
@@ -230,7 +243,7 @@ def run(main: Callable[[], None], *, multi_host: bool = False, after_interrupt: 
     try:
       if multi_host:
         distributed.initialize_from_flags()
-      main()
+      main(argv[1:]) if arguments else main()
       close_log_file()
     except app.UsageError as e:  # A wrong combination of flags: one line, not absl's usage page.
       if flags.FLAGS.debug:
@@ -257,4 +270,5 @@ def run(main: Callable[[], None], *, multi_host: bool = False, after_interrupt: 
       # Not the interpreter's teardown: a SIGINT during a compile leaves XLA's compile threads
       # running, and tearing down the modules under them segfaulted (exit 139 after this line).
       _exit_at_once(128 + signal.SIGINT if isinstance(e, KeyboardInterrupt) else e.exit_status)
+  _shared_flags_in_help()
   app.run(absl_main, flags_parser=_parse_flags)

@@ -19,7 +19,6 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.models import flops
-
 from bert_jax.objectives import losses
 from bert_jax.objectives.masking import MaskingConfig, mask_tokens
 from bert_jax.models.model import BertConfig, BertForPreTraining

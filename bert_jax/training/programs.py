@@ -14,7 +14,6 @@ import jax.numpy as jnp
 import ml_collections
 
 from bert_jax.models import model
-
 from bert_jax.training import optimizer as optimizer_lib, sharding, steps
 from bert_jax.tasks.base import Task
 

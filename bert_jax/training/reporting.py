@@ -15,7 +15,6 @@ import numpy as np
 from absl import logging
 
 from bert_jax.models import flops
-
 from bert_jax.runtime import storage
 from bert_jax.runtime.metrics_writer import MetricWriter
 from bert_jax.tasks.base import Scores, Task

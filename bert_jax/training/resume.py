@@ -9,7 +9,6 @@ import jax
 import numpy as np
 
 from bert_jax.checkpoints import checkpointing
-
 from bert_jax.training import steps
 from bert_jax.models.model import padded_size
 from bert_jax.training.programs import Program

@@ -23,9 +23,7 @@ import jax
 from absl import logging
 
 from bert_jax.checkpoints import checkpointing
-
 from bert_jax.training import evaluation, programs, resume, sharding
-
 from bert_jax.models import model
 from bert_jax.data.vocab import Vocab
 from bert_jax.runtime.metrics_writer import MetricWriter

@@ -19,7 +19,6 @@ through orbax.
 import logging
 
 from bert_jax.checkpoints import checkpointing
-
 from bert_jax.runtime import storage
 from bert_jax.data.vocab import Vocab
 from bert_jax.models.model import BertConfig

@@ -16,7 +16,6 @@ import os
 from typing import Mapping
 
 from bert_jax.checkpoints import checkpointing
-
 from bert_jax.runtime import storage
 from bert_jax.data.vocab import Vocab
 from bert_jax.models.model import BertConfig

@@ -29,7 +29,6 @@ import safetensors
 import safetensors.numpy
 
 from bert_jax.models import model as model_lib
-
 from bert_jax.runtime import storage
 from bert_jax.data.vocab import SENTENCEPIECE_FILE, Vocab
 from bert_jax.models.model import BertConfig

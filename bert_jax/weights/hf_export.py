@@ -14,7 +14,6 @@ refused, as no HF class computes it.
 import jax
 
 from bert_jax import predict, tasks
-
 from bert_jax.checkpoints import checkpointing
 from bert_jax.weights import hf
 from bert_jax.weights.layout import unpad_vocab
