@@ -50,7 +50,14 @@ E2E_FILES = (
     "test_multihost.py", "test_stop_signals.py", "test_downstream.py", "test_beam_prepare.py",
     "test_two_phase.py", "test_task_extension.py", "test_local_suite.py", "test_squad2.py",
     "test_convert_predict_guards.py", "test_data_guards.py", "test_mesh_sweep.py",
-    "test_cloud_storage.py", "test_launchers.py", "test_docs.py")
+    "test_cloud_storage.py", "test_launchers.py", "test_docs.py", "test_interop.py",
+    "test_interop_modern.py", "test_hf_heads.py", "test_layout.py", "test_train_step.py",
+    "test_pipeline.py")
+# Single end-to-end tests in otherwise unit files: many steps against a reference.
+E2E_TESTS = (
+    "test_optimizer.py::test_lamb_trust_ratio_is_per_layer_of_the_stacked_encoder",
+    "test_optimizer.py::test_100_steps_equal_the_original_optimizer_on_a_small_model",
+    "test_model.py::test_packed_examples_equal_each_example_alone_and_never_see_each_other")
 
 
 def pytest_configure(config):
@@ -63,7 +70,8 @@ def pytest_collection_modifyitems(items):
   E2E_FILES get the e2e marker."""
   import pytest  # pylint: disable=import-outside-toplevel
   for item in items:
-    if os.path.basename(str(item.path)) in E2E_FILES:
+    if (os.path.basename(str(item.path)) in E2E_FILES
+        or any(item.nodeid.endswith(test) or f"{test}[" in item.nodeid for test in E2E_TESTS)):
       item.add_marker(pytest.mark.e2e)
   rank = {name: i for i, name in enumerate(HEAVIEST_FILES)}
   items.sort(key=lambda item: rank.get(os.path.basename(str(item.path)), len(rank)))
