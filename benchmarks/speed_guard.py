@@ -218,33 +218,6 @@ def serve() -> None:
     reply_to.write(json.dumps(result) + "\n")
 
 
-class PeerProcess:
-  """Controller side of the torch peer."""
-
-  def __init__(self):
-    self.process = subprocess.Popen([sys.executable, os.path.abspath(__file__), "--worker"],
-                                    stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True,
-                                    bufsize=1, cwd=REPO)
-
-  def call(self, op: str, **kwargs) -> dict:
-    self.process.stdin.write(json.dumps({"op": op, **kwargs}) + "\n")
-    line = self.process.stdout.readline()
-    if not line:
-      raise RuntimeError(f"torch peer exited (code {self.process.wait()})")
-    reply = json.loads(line)
-    if "error" in reply:
-      raise RuntimeError(f"torch peer: {reply['error']}")
-    return reply
-
-  def close(self) -> None:
-    try:
-      self.process.stdin.write('{"op": "exit"}\n')
-      self.process.stdin.close()
-    except BrokenPipeError:
-      pass
-    self.process.wait(timeout=60)
-
-
 # ------------------------------------------------------------------------------ measurements
 def step_ratios(reps: int, seconds_per_rep: float) -> list[dict]:
   """Measurement 1: train_step.py's bert_jax and hf_torch workers on STEP_SHAPES."""
@@ -316,7 +289,8 @@ def accuracy_race(size: str, work_dir: str, seconds: float, slice_seconds: float
                     max_position_embeddings=m.max_position_embeddings, type_vocab_size=2,
                     hidden_dropout_prob=0.1, attention_probs_dropout_prob=0.1,
                     pad_token_id=vocab.pad_id)
-  peer = PeerProcess()
+  import train_step
+  peer = train_step.Worker("torch_peer", sys.executable, script=__file__)
   try:
     setup = peer.call("setup", files=files, model=peer_model, batch=config.train.batch_size,
                       learning_rate=config.train.learning_rate,
@@ -357,15 +331,24 @@ def accuracy_race(size: str, work_dir: str, seconds: float, slice_seconds: float
                "mlm_accuracy": round(peer_score["mlm_accuracy"], 4),
                "mlm_loss": round(peer_score["mlm_loss"], 3)},
   }
-  result["accuracy_ratio"] = round(result["bert_jax"]["mlm_accuracy"]
-                                   / result["peer"]["mlm_accuracy"], 2)
-  result["real_tokens_ratio"] = round(result["bert_jax"]["real_tok_s"]
-                                      / result["peer"]["real_tok_s"], 2)
+  result["accuracy_ratio"] = ratio(result["bert_jax"]["mlm_accuracy"],
+                                   result["peer"]["mlm_accuracy"])
+  result["real_tokens_ratio"] = ratio(result["bert_jax"]["real_tok_s"],
+                                      result["peer"]["real_tok_s"])
   print(f"race {size} {seconds:.0f} s: bert_jax {ours.steps} steps, held-out MLM "
         f"{our_score['mlm_accuracy']:.2%}; peer {peer_steps} steps, "
-        f"{peer_score['mlm_accuracy']:.2%}: {result['accuracy_ratio']:.2f}x accuracy, "
-        f"{result['real_tokens_ratio']:.2f}x real tokens/s", flush=True)
+        f"{peer_score['mlm_accuracy']:.2%}: {shown(result['accuracy_ratio'])} accuracy, "
+        f"{shown(result['real_tokens_ratio'])} real tokens/s", flush=True)
   return result
+
+
+def ratio(ours: float, peer: float) -> float | None:
+  """ours / peer, or None when the peer has 0 (e.g. no correct prediction yet)."""
+  return round(ours / peer, 2) if peer > 0 else None
+
+
+def shown(value: float | None) -> str:
+  return "-" if value is None else f"{value:.2f}x"
 
 
 def commit() -> str:
@@ -378,7 +361,7 @@ def commit() -> str:
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
+  parser.add_argument("--worker", choices=("torch_peer",), help=argparse.SUPPRESS)
   parser.add_argument("--reps", type=int, default=3, help="step timing: alternating repetitions")
   parser.add_argument("--seconds_per_rep", type=float, default=3.0,
                       help="step timing: seconds of steps per repetition")
@@ -421,8 +404,8 @@ def main() -> None:
     print(f"  step rate per slot, {row['shape']:12s} {row['ratio']:.2f}x")
   for race_result in record.get("races", []):
     label = f"{race_result['size']} B={race_result['batch']}, {race_result['seconds']:.0f} s"
-    print(f"  held-out MLM accuracy, {label:22s} {race_result['accuracy_ratio']:.2f}x")
-    print(f"  real tokens/s on text, {label:22s} {race_result['real_tokens_ratio']:.2f}x")
+    print(f"  held-out MLM accuracy, {label:22s} {shown(race_result['accuracy_ratio'])}")
+    print(f"  real tokens/s on text, {label:22s} {shown(race_result['real_tokens_ratio'])}")
   os.makedirs(os.path.dirname(args.output), exist_ok=True)
   with open(args.output, "a") as f:
     f.write(json.dumps(record) + "\n")

@@ -25,6 +25,13 @@ projection at all L positions).
 Compile: lower + compile (JAX), first step (PyTorch, eager). Peak RSS: the worker's high-water
 mark (setup, compile and the timed steps).
 
+Shapes are size:B:L, or size:B:L:K with K examples packed per bert_jax row (the peers get full
+rows); sizes tiny, small and base; `--vocab_size` sets every model's vocabulary (default
+30522). Other bert_jax trees join the same run as extra workers: `--checkouts=label=path,...`
+(e.g. git worktrees of older commits: the step bisect in benchmarks/README.md) and
+`--variants=label=section.field:value+...` (this tree with config overrides, e.g.
+noremat=model.remat:none), each timed as bert_jax@<label>.
+
 Suites: `compare` (the three side by side: small and base at B=8 L=128, base at B=8 L=512),
 `scaling` (bert_jax alone over L and B), `all` (both). The last run's JSON lines are written to
 `benchmarks/results/train_step.jsonl`.
@@ -359,10 +366,11 @@ def serve(kind: str) -> None:
 class Worker:
   """Controller side of one worker process."""
 
-  def __init__(self, kind: str, python: str, env: dict | None = None):
+  def __init__(self, kind: str, python: str, env: dict | None = None, script: str = __file__):
+    """`script --worker=<kind>` serves the worker (this file's by default)."""
     self.kind = kind
     self.process = subprocess.Popen(
-        [python, os.path.abspath(__file__), f"--worker={kind.split('@')[0]}"],
+        [python, os.path.abspath(script), f"--worker={kind.split('@')[0]}"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE, text=True, bufsize=1, cwd=REPO,
         env={**os.environ, **(env or {})})
