@@ -613,11 +613,17 @@ def check_config(config: ml_collections.ConfigDict, rules: dict[str, Check],
       raise ValueError(problem)
 
 
+def with_registered(rules: dict[str, Check]) -> dict[str, Check]:
+  """`rules` and the rules the registries own: each registered optimizer's own config.train
+  fields (`optimizer.OPTIMIZERS`; one added later, by a user's module or a test, included)."""
+  return {**rules, **{f"train.{name}": check for name, check in optimizer.own_fields().items()}}
+
+
 def check_pretraining(config: ml_collections.ConfigDict) -> None:
   """Every field of a pretraining config (configs/base.py, tiny.py, large.py and overrides)."""
-  check_config(config, PRETRAINING_RULES, PRETRAINING_RELATIONS, "pretraining")
+  check_config(config, with_registered(PRETRAINING_RULES), PRETRAINING_RELATIONS, "pretraining")
 
 
 def check_finetuning(config: ml_collections.ConfigDict) -> None:
   """Every field of a fine-tuning config (configs/finetune_base.py, finetune_*.py, overrides)."""
-  check_config(config, FINETUNING_RULES, FINETUNING_RELATIONS, "fine-tuning")
+  check_config(config, with_registered(FINETUNING_RULES), FINETUNING_RELATIONS, "fine-tuning")

@@ -1,6 +1,8 @@
 """A fine-tuning task added from outside the library: defined here, joined to the registry with
 `tasks.register`, it fine-tunes, resumes bit-identically and predicts through the same code as
-the built-in tasks; and a model block (an MLP) added the same way trains by config alone."""
+the built-in tasks; a model block (an MLP) added the same way trains by config alone; and an
+optimizer with a config field of its own, registered here, is built, checked and trained with
+nothing else changed (WORKSPACE.md's worked example)."""
 
 import dataclasses
 import json
@@ -13,9 +15,11 @@ import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 
-from bert_jax import finetune, predict, tasks, train
+from bert_jax import config_checks, finetune, predict, tasks, train
+from bert_jax.training import optimizer as optimizer_lib, programs
 from bert_jax.models import model as model_lib
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.encoding import encode_pair
@@ -180,3 +184,63 @@ def test_a_model_block_from_outside_trains_by_config(tmp_path, monkeypatch):
   grads = jax.jit(jax.grad(lambda p: task.loss_sums(p, batch, None)["mlm_loss_sum"]))(init)
   gate = lambda tree: np.asarray(tree["bert"]["encoder"]["layers"]["mlp"]["gate"]["kernel"])
   assert np.all(np.isfinite(gate(grads))) and np.linalg.norm(gate(grads)) > 0
+
+
+# ------------------------------------------------------------- an optimizer with its own field
+
+
+def _momentum_check(value) -> str | None:
+  return None if isinstance(value, float) and 0.0 <= value < 1.0 else "must be in [0, 1)"
+
+
+# SGD with Nesterov-free heavy-ball momentum; its own field: config.train.toy_momentum.
+TOY_SGD = optimizer_lib.OptimizerSpec(
+    build=lambda train_config, schedule: optax.sgd(schedule, momentum=train_config.toy_momentum),
+    own_fields={"toy_momentum": _momentum_check})
+
+
+def _toy_sgd_config(momentum):
+  config = tiny.get_config()
+  config.model.update(vocab_size=64, hidden_size=32, num_hidden_layers=2, num_attention_heads=2,
+                      intermediate_size=32, max_position_embeddings=32)
+  config.data.update(source="synthetic", max_seq_length=32)
+  config.masking.max_predictions_per_seq = 5
+  config.train.update(optimizer="toy_sgd", batch_size=8, num_train_steps=4, log_every_steps=2,
+                      learning_rate=1e-2, warmup_steps=0, eval_every_steps=0)
+  if momentum is not None:
+    config.train.toy_momentum = momentum  # "Plus the config": configs/base.py would hold it.
+  config.logging.tensorboard = False
+  return config
+
+
+def test_an_optimizer_with_its_own_field_is_one_registry_entry(tmp_path, monkeypatch):
+  monkeypatch.setitem(optimizer_lib.OPTIMIZERS, "toy_sgd", TOY_SGD)
+  # Its field joins the checks: missing, or out of its range, the run stops naming it.
+  with pytest.raises(ValueError, match=r"config.train.toy_momentum is missing"):
+    config_checks.check_pretraining(_toy_sgd_config(None))
+  with pytest.raises(ValueError, match=r"config.train.toy_momentum=1.5 must be in \[0, 1\)"):
+    config_checks.check_pretraining(_toy_sgd_config(1.5))
+  config = _toy_sgd_config(0.9)
+  config_checks.check_pretraining(config)
+  # ... and the compiled step's fields (a changed momentum is another program).
+  assert "toy_momentum" in programs.step_fields()
+  # Built as optax.sgd behind the usual clipping: one update equals the reference's.
+  params = {"w": jnp.arange(6.0).reshape(2, 3)}
+  grads = {"w": jnp.full((2, 3), 0.5)}
+  ours = optimizer_lib.make_optimizer(config.train)
+  reference = optax.chain(optax.clip_by_global_norm(config.train.max_grad_norm),
+                          optax.sgd(optimizer_lib.learning_rate_schedule(config.train),
+                                    momentum=0.9))
+  state, reference_state = ours.init(params), reference.init(params)
+  for _ in range(2):
+    update, state = ours.update(grads, state, params)
+    reference_update, reference_state = reference.update(grads, reference_state, params)
+    np.testing.assert_array_equal(update["w"], reference_update["w"])
+  # The trainer runs it with nothing else changed.
+  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  assert int(result["state"].step) == 4
+  assert all(np.isfinite(loss) for loss in _losses(tmp_path / "run").values())
+  traces = [s for s in jax.tree.leaves(result["state"].opt_state,
+                                       is_leaf=lambda x: isinstance(x, optax.TraceState))
+            if isinstance(s, optax.TraceState)]
+  assert traces, "optax.sgd's momentum trace is the run's optimizer state"

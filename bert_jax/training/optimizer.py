@@ -26,16 +26,21 @@
   rate up to s is bit-identical to the long run's. See `wsd_schedule`.
 Gradients are clipped by global norm before the optimizer, as the original (`max_grad_norm`);
 ModernBERT turns that off with StableAdamW (its update clipping replaces it): max_grad_norm=0.
+
+`OPTIMIZERS` is the registry: name -> `OptimizerSpec` (how to build it from config.train and the
+schedule, and the config.train fields it alone reads, each with its check). A new optimizer is
+an entry here (or `register_optimizer` from a user's module) plus its fields in configs/base.py:
+the config checks and the compiled step read its fields from the registry (WORKSPACE.md).
 """
 
+import dataclasses
 import math
-from typing import NamedTuple
+from typing import Any, Callable, Mapping, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import optax
 
-OPTIMIZERS = ("bert_adamw", "adamw", "lamb", "stable_adamw")
 SCHEDULES = ("bert", "warmup_linear", "wsd")
 DECAY_SHAPES = ("1-sqrt", "linear")  # Schedule "wsd": the decay phase's shape.
 
@@ -263,21 +268,58 @@ def stable_adamw(learning_rate: optax.ScalarOrSchedule, b1: float, b2: float, ep
   return optax.GradientTransformation(init_fn, update_fn)
 
 
+# ---------------------------------------------------------------------------- the registry
+
+FieldCheck = Callable[[Any], str | None]  # A value -> None, or what is wrong with it.
+
+
+@dataclasses.dataclass(frozen=True)
+class OptimizerSpec:
+  """An optimizer by name. `build(train_config, schedule)` -> its transformation (clipping and
+  frozen subtrees are added around it); `own_fields`: the config.train fields only it reads,
+  each with its check (they join the config checks and the compiled step's fields)."""
+  build: Callable[[Any, optax.Schedule], optax.GradientTransformation]
+  own_fields: Mapping[str, FieldCheck] = dataclasses.field(default_factory=dict)
+
+
+def adam_arguments(train_config, schedule: optax.Schedule) -> dict[str, Any]:
+  """The fields every Adam-like optimizer here takes: lr schedule, betas, eps, decay (matrices)."""
+  return dict(learning_rate=schedule, b1=train_config.b1, b2=train_config.b2,
+              eps=train_config.eps, weight_decay=train_config.weight_decay, mask=decay_mask)
+
+
+OPTIMIZERS: dict[str, OptimizerSpec] = {
+    "bert_adamw": OptimizerSpec(lambda t, s: bert_adamw(**adam_arguments(t, s))),
+    "adamw": OptimizerSpec(lambda t, s: optax.adamw(**adam_arguments(t, s))),
+    "lamb": OptimizerSpec(lambda t, s: lamb(**adam_arguments(t, s))),
+    "stable_adamw": OptimizerSpec(lambda t, s: stable_adamw(
+        **adam_arguments(t, s), max_learning_rate=t.learning_rate)),
+}
+
+
+def register_optimizer(name: str, spec: OptimizerSpec) -> None:
+  """Adds an optimizer (a user's module, or a test) under `name`; its own fields must then be
+  in the config (configs/base.py)."""
+  if name in OPTIMIZERS:
+    raise ValueError(f"optimizer {name!r} is registered already")
+  taken = set(own_fields())
+  clash = sorted(taken & set(spec.own_fields))
+  if clash:
+    raise ValueError(f"optimizer {name!r}: fields {clash} belong to another optimizer")
+  OPTIMIZERS[name] = spec
+
+
+def own_fields() -> dict[str, FieldCheck]:
+  """The config.train fields of every registered optimizer -> their checks."""
+  return {name: check for spec in OPTIMIZERS.values() for name, check in spec.own_fields.items()}
+
+
 def _clipped_optimizer(train_config) -> optax.GradientTransformation:
-  schedule = learning_rate_schedule(train_config)
-  kwargs = dict(learning_rate=schedule, b1=train_config.b1, b2=train_config.b2,
-                eps=train_config.eps, weight_decay=train_config.weight_decay, mask=decay_mask)
-  if train_config.optimizer == "bert_adamw":
-    optimizer = bert_adamw(**kwargs)
-  elif train_config.optimizer == "adamw":
-    optimizer = optax.adamw(**kwargs)
-  elif train_config.optimizer == "lamb":
-    optimizer = lamb(**kwargs)
-  elif train_config.optimizer == "stable_adamw":
-    optimizer = stable_adamw(**kwargs, max_learning_rate=train_config.learning_rate)
-  else:
+  if train_config.optimizer not in OPTIMIZERS:
     raise ValueError(f"config.train.optimizer={train_config.optimizer!r}: use one of "
-                     f"{OPTIMIZERS}")
+                     f"{tuple(OPTIMIZERS)}")
+  optimizer = OPTIMIZERS[train_config.optimizer].build(train_config,
+                                                       learning_rate_schedule(train_config))
   if train_config.max_grad_norm > 0:
     optimizer = optax.chain(optax.clip_by_global_norm(train_config.max_grad_norm), optimizer)
   return optimizer

@@ -17,7 +17,8 @@ from bert_jax.models import model
 from bert_jax.training import optimizer as optimizer_lib, sharding, steps
 from bert_jax.tasks.base import Task
 
-# The config.train fields the compiled step depends on (with the task, mesh and rules).
+# The config.train fields the compiled step depends on (with the task, mesh and rules), besides
+# the registered optimizers' own fields (`step_fields`).
 STEP_FIELDS = ("optimizer", "schedule", "learning_rate", "warmup_steps", "num_train_steps",
                "decay_fraction", "decay_shape", "weight_decay", "b1", "b2", "eps",
                "max_grad_norm", "grad_accum_steps")
@@ -40,7 +41,7 @@ class Program:
 
 @functools.lru_cache(maxsize=8)
 def program(task: Task, step_items: tuple[tuple[str, Any], ...], mesh, rules) -> Program:
-  """The jitted functions of `task` with the `STEP_FIELDS` of config.train on `mesh`."""
+  """The jitted functions of `task` with the `step_fields()` of config.train on `mesh`."""
   train_config = ml_collections.ConfigDict(dict(step_items))
   optimizer = optimizer_lib.make_optimizer(train_config, task.frozen)
   init_fn = functools.partial(steps.init_state, task=task, optimizer=optimizer)
@@ -62,8 +63,13 @@ def program(task: Task, step_items: tuple[tuple[str, Any], ...], mesh, rules) ->
       eval_step=jax.jit(functools.partial(steps.eval_step, task=task)))
 
 
+def step_fields() -> tuple[str, ...]:
+  """STEP_FIELDS and the fields of every registered optimizer (`optimizer.OPTIMIZERS`)."""
+  return STEP_FIELDS + tuple(optimizer_lib.own_fields())
+
+
 def make_program(config, task: Task, mesh) -> Program:
-  items = tuple((name, config.train[name]) for name in STEP_FIELDS)
+  items = tuple((name, config.train[name]) for name in step_fields())
   return program(task, items, mesh, sharding.logical_rules(config.mesh))
 
 
