@@ -250,6 +250,7 @@ def _model_rules(vocab_size: Check, classifier_pooling: Check) -> dict[str, Chec
       "model.position_embedding": one_of(model.POSITION_BLOCKS),
       "model.mlp": one_of(model.MLP_BLOCKS),
       "model.norm_placement": one_of(model.NORM_PLACEMENTS),
+      "model.norm": one_of(model.NORMS),
       "model.remat": one_of(model.REMAT_POLICIES),
       "model.scan_unroll": integer(1, "1: one repeat of the layer pattern per scan step"),
       "model.attention_bias": boolean(),

@@ -45,6 +45,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.position_embedding = "learned"
   config.model.mlp = "dense"
   config.model.norm_placement = "post"
+  # Every normalisation layer: a key of bert_jax/models/model.py's NORMS ("layer_norm", BERT's
+  # and ModernBERT's; a new one is a class and a registry line there).
+  config.model.norm = "layer_norm"
   # The modern encoder's options (configs/modern_*.py; names as HF's ModernBertConfig): "rotary"
   # positions, a "glu" (GeGLU) MLP, "pre"-LN layers with a final norm, and:
   config.model.attention_bias = True  # Biases of the q/k/v and output projections.

@@ -244,3 +244,46 @@ def test_an_optimizer_with_its_own_field_is_one_registry_entry(tmp_path, monkeyp
                                        is_leaf=lambda x: isinstance(x, optax.TraceState))
             if isinstance(s, optax.TraceState)]
   assert traces, "optax.sgd's momentum trace is the run's optimizer state"
+
+
+# ------------------------------------------------------------------------ a norm from outside
+
+
+class ToyRMSNorm(nn.Module):
+  """RMSNorm (Zhang & Sennrich, 2019): x / sqrt(mean(x^2) + eps) * scale, no mean, no shift."""
+  config: model_lib.BertConfig
+
+  @nn.compact
+  def __call__(self, x):
+    c = self.config
+    scale = self.param("scale", nn.with_logical_partitioning(nn.initializers.ones_init(),
+                                                             (model_lib.EMBED,)),
+                       (x.shape[-1],), c.param_dtype)
+    x = x.astype(jnp.float32)
+    y = x * jax.lax.rsqrt(jnp.mean(jnp.square(x), axis=-1, keepdims=True) + c.layer_norm_eps)
+    return (y * scale.astype(jnp.float32)).astype(c.dtype)
+
+
+def test_a_norm_from_outside_is_one_registry_entry(tmp_path, monkeypatch):
+  monkeypatch.setitem(model_lib.NORMS, "toy_rms", ToyRMSNorm)
+  config = _toy_sgd_config(None)
+  config.train.optimizer = "bert_adamw"
+  config.model.norm = "toy_rms"
+  config_checks.check_pretraining(config)
+  model_config = model_lib.BertConfig.from_config(config.model)
+  # Every normalisation layer is the registered one: scale only, and x's mean is kept.
+  layer = model_lib.norm_layer(model_config, "n")
+  x = jnp.asarray(np.random.default_rng(0).normal(3.0, 1.0, size=(2, 32)), jnp.float32)
+  y = layer.apply(layer.init(jax.random.key(0), x), x)
+  np.testing.assert_allclose(np.asarray(y), np.asarray(x) / np.sqrt(
+      np.mean(np.asarray(x) ** 2, axis=-1, keepdims=True) + 1e-12), rtol=1e-5)
+  result = train.train_and_evaluate(config, str(tmp_path / "run"))
+  params = result["state"].params["bert"]
+  assert set(params["embeddings"]["norm"]) == {"scale"}
+  assert set(params["encoder"]["layers"]["attention_norm"]) == {"scale"}
+  assert int(result["state"].step) == 4
+  assert all(np.isfinite(loss) for loss in _losses(tmp_path / "run").values())
+  # HF's BERT has LayerNorm: the export names the field instead of writing a wrong model.
+  from bert_jax.weights import hf  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match="norm"):
+    hf.hf_family(model_config)

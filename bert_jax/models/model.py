@@ -103,6 +103,7 @@ class BertConfig:
   position_embedding: str = _field("learned", ARCHITECTURE)  # A key of POSITION_BLOCKS.
   mlp: str = _field("dense", ARCHITECTURE)  # A key of MLP_BLOCKS.
   norm_placement: str = _field("post", ARCHITECTURE)  # A key of NORM_PLACEMENTS.
+  norm: str = _field("layer_norm", ARCHITECTURE)  # A key of NORMS: every normalisation layer.
   attention_bias: bool = _field(True, ARCHITECTURE)  # Biases of the q/k/v/output projections.
   mlp_bias: bool = _field(True, ARCHITECTURE)  # Biases of the MLP's matmuls.
   norm_bias: bool = _field(True, ARCHITECTURE)  # The shift of every LayerNorm.
@@ -149,7 +150,7 @@ class BertConfig:
       raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "
                        f"num_attention_heads={self.num_attention_heads}")
     for name, table in (("hidden_act", ACTIVATIONS), ("position_embedding", POSITION_BLOCKS),
-                        ("mlp", MLP_BLOCKS), ("norm_placement", NORM_PLACEMENTS),
+                        ("mlp", MLP_BLOCKS), ("norm_placement", NORM_PLACEMENTS), ("norm", NORMS),
                         ("dropout_rng", DROPOUT_RNGS), ("attention_impl", ATTENTION_IMPLS),
                         ("remat", REMAT_POLICIES), ("classifier_pooling", POOLINGS),
                         ("initializer", INITIALIZERS)):
@@ -337,7 +338,7 @@ INITIALIZERS = ("auto", *INIT_STDS)
 # The BertConfig fields that make an encoder HF's ModernBERT (the rest: sizes and options);
 # `initializer` "auto" and the fine-tuning heads (`tasks/finetuning.py`) follow them.
 MODERNBERT_ARCHITECTURE = {"position_embedding": "rotary", "mlp": "glu", "norm_placement": "pre",
-                           "type_vocab_size": 0}
+                           "norm": "layer_norm", "type_vocab_size": 0}
 
 
 def is_modernbert(config: BertConfig) -> bool:
@@ -378,6 +379,17 @@ class LayerNorm(nn.Module):
       y = y + self.param("bias", _zeros((EMBED,)), (x.shape[-1],), c.param_dtype).astype(
           jnp.float32)
     return y.astype(c.dtype)
+
+
+# Normalisation layers by name (`config.model.norm`): a module of (config, name=...) over the last
+# axis, returning `config.dtype`. A new one is a class and a line here (or an entry added from a
+# user's module); HF export refuses any but "layer_norm".
+NORMS: dict[str, type[nn.Module]] = {"layer_norm": LayerNorm}
+
+
+def norm_layer(config: BertConfig, name: str) -> nn.Module:
+  """The config's normalisation layer, named `name`."""
+  return NORMS[config.norm](config, name=name)
 
 
 def _dense(config: BertConfig, features: int, axes: tuple[str | None, str | None], name: str,
@@ -465,7 +477,7 @@ class Embeddings(nn.Module):
           c.type_vocab_size, c.hidden_size, dtype=c.dtype, param_dtype=c.param_dtype,
           embedding_init=weight_init(c, (None, EMBED), "embedding"),
           name="token_type_embeddings")
-    self.norm = LayerNorm(c, name="norm")
+    self.norm = norm_layer(c, "norm")
 
   def __call__(self, input_ids, token_type_ids, position_ids, deterministic: bool):
     # Rows are looked up in the params' dtype, then cast: the same values as nn.Embed's lookup
@@ -756,7 +768,7 @@ class Layer(nn.Module):
     mlp = MLP_BLOCKS[c.mlp](c, self.deterministic, name="mlp")
     x = NORM_PLACEMENTS[c.norm_placement].layer(
         x, lambda y: attention(y, mask, segment_ids, position_ids), mlp,
-        LayerNorm(c, name="attention_norm"), LayerNorm(c, name="mlp_norm"),
+        norm_layer(c, "attention_norm"), norm_layer(c, "mlp_norm"),
         lambda y: _dropout(self, y, c.hidden_dropout_prob, self.deterministic), layer_index)
     return nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
 
@@ -827,7 +839,7 @@ class Encoder(nn.Module):
       x = run(x, split(jax.tree.map(lambda p: p[repeats * size:], params), rest),
               jnp.int32(repeats * size), pattern[:rest])
     if NORM_PLACEMENTS[c.norm_placement].final_norm:
-      x = LayerNorm(c, name="final_norm")(x)
+      x = norm_layer(c, "final_norm")(x)
     return x
 
 
@@ -915,7 +927,7 @@ def _transform(config: BertConfig, hidden, dense: str, norm: str):
   `dense` and `norm` in the calling module."""
   h = _dense(config, config.hidden_size, (EMBED, None), dense, config.classifier_bias,
              "transform")(hidden)
-  return LayerNorm(config, name=norm)(ACTIVATIONS[config.hidden_act](h))
+  return norm_layer(config, norm)(ACTIVATIONS[config.hidden_act](h))
 
 
 class PredictionHead(nn.Module):

@@ -152,7 +152,7 @@ def _checked_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
 
 # What HF's BertModel computes: the fields a BERT export needs at these values.
 BERT_ARCHITECTURE = {"position_embedding": "learned", "mlp": "dense", "norm_placement": "post",
-                     "attention_bias": True, "mlp_bias": True, "norm_bias": True,
+                     "norm": "layer_norm", "attention_bias": True, "mlp_bias": True, "norm_bias": True,
                      "classifier_bias": True, "local_attention": 0}
 
 
