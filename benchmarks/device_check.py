@@ -10,8 +10,8 @@ real-data run in bf16 vs float32. Run it through `benchmarks/device_check.sh` (o
    step on a 1-device mesh. The batch fills the chip: a memory estimate picks it, XLA's memory
    analysis of the compiled step checks it (halved and recompiled when over 90% of the device),
    and a runtime out-of-memory halves it once more. Reported: tokens/s, MFU (model FLOPs of
-   `bert_jax/models/flops.py` over the chip's dense bf16 peak in its table; --dry_run: over the CPU's
-   measured f32 matmul peak), per-device memory (XLA's analysis), compile time.
+   `bert_jax/models/flops.py` over the chip's dense bf16 peak in its table; --dry_run: over the
+   CPU's measured f32 matmul peak), per-device memory (XLA's analysis), compile time.
 2. Real data (section "real_data"): the built-in corpus (prepared in a background CPU process
    while section 1 runs), a small model trained 300 steps (--dry_run: 30) from the same seed in
    bfloat16 and in float32 compute; their held-out MLM losses must agree within 2%.

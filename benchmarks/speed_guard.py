@@ -86,18 +86,17 @@ def mlm_masks(ids, special_ids, vocab_size: int, mask_id: int, seed: int, rate: 
   return masked, labels
 
 
-def read_split(dataset_dir: str, split: str, limit: int = 0) -> dict:
-  """Rows of a prepared dataset split (all, or the first `limit`), decoded."""
+def read_split(dataset_dir: str, split: str) -> dict:
+  """Every row of a prepared dataset split, decoded ([N, L] and [N, K] arrays)."""
+  import numpy as np
   from bert_jax.data import pipeline, tfds_builder
   source = tfds_builder.data_source(dataset_dir, split, raw=True)
-  count = len(source) if not limit else min(limit, len(source))
-  parts = [pipeline.decode_records(source.__getitems__(list(range(s, min(s + 1024, count)))))
-           for s in range(0, count, 1024)]
-  return {k: __import__("numpy").concatenate([p[k] for p in parts]) for k in parts[0]}
+  parts = [pipeline.decode_records(source.__getitems__(list(range(s, min(s + 1024, len(source))))))
+           for s in range(0, len(source), 1024)]
+  return {k: np.concatenate([p[k] for p in parts]) for k in parts[0]}
 
 
-def training_blocks(dataset_dir: str, length: int, cls_id: int, sep_id: int,
-                    special_ids) -> "object":
+def training_blocks(dataset_dir: str, length: int, cls_id: int, sep_id: int, special_ids):
   """run_mlm's group_texts on the training split: every example's non-special tokens in order,
   concatenated and cut into [CLS] + (length - 2) tokens + [SEP] blocks [N, length] int32."""
   import numpy as np
@@ -320,7 +319,8 @@ def accuracy_race(size: str, work_dir: str, seconds: float, slice_seconds: float
   finally:
     peer.close()
   result = {
-      "size": size, "batch": config.train.batch_size, "seconds": seconds, "examples_scored": int(len(masked)),
+      "size": size, "batch": config.train.batch_size, "seconds": seconds,
+      "examples_scored": int(len(masked)),
       "targets_scored": our_score["targets"], "versions": setup["versions"],
       "bert_jax": {"steps": ours.steps, "train_s": round(ours.train_seconds, 1),
                    "real_tok_s": round(our_real / ours.train_seconds, 1),

@@ -2,8 +2,9 @@
 
 What is timed, per implementation, is one full optimizer step on a [B, L] batch: forward with
 dropout 0.1 (train mode), MLM + NSP loss, backward, global-norm clipping (1.0) and AdamW.
-  - bert_jax: the trainer's compiled step (`bert_jax.training.programs.make_program`) on a 1-device mesh (masking inside the jitted
-    step, P gathered MLM positions, state donated), run as the train loop runs it (AOT-compiled).
+  - bert_jax: the trainer's compiled step (`bert_jax.training.programs.make_program`) on a
+    1-device mesh (masking inside the jitted step, P gathered MLM positions, state donated), run
+    as the train loop runs it (AOT-compiled).
   - hf_torch: transformers' PyTorch `BertForPreTraining` built from a `BertConfig` (no download),
     `model(..., labels=, next_sentence_label=)` (logits at all L positions, labels -100 except at
     P positions: its real cost), `loss.backward()`, `clip_grad_norm_`, `torch.optim.AdamW`;
@@ -15,12 +16,12 @@ Each implementation runs in its own worker process (JSON commands over stdin/std
 three are measured alternately, in one run, on the same machine state: after compilation and a
 warm-up step, every repetition times each worker (order rotated) for as many steps as fill
 `--seconds_per_rep`; the tables give medians. The bert_jax worker also measures the f32 matmul
-peak (`bert_jax.models.flops.measure_matmul_peak`) in every repetition; MFU is achieved FLOP/s over its
-median. Each row also records the process CPU seconds per step (less sensitive to other load on
+peak (`bert_jax.models.flops.measure_matmul_peak`) in every repetition; MFU is achieved FLOP/s over
+its median. Each row also records the process CPU seconds per step (less sensitive to other load on
 the machine than wall time, for comparing bert_jax variants; not across implementations: torch's
 OpenMP threads spin) and the load average: on a shared machine, rerun when it is above ~1.5.
-FLOPs (`bert_jax/models/flops.py`, bidirectional attention): "useful" = the work BERT pretraining needs
-(MLM head at the P targets); "actual" = the work the implementation does (HF: the vocabulary
+FLOPs (`bert_jax/models/flops.py`, bidirectional attention): "useful" = the work BERT pretraining
+needs (MLM head at the P targets); "actual" = the work the implementation does (HF: the vocabulary
 projection at all L positions).
 Compile: lower + compile (JAX), first step (PyTorch, eager). Peak RSS: the worker's high-water
 mark (setup, compile and the timed steps).

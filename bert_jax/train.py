@@ -1,6 +1,7 @@
 """Pretraining (MLM + NSP): the data, the task and what checkpoints record, handed to the one
-trainer (`bert_jax/training/trainer.py`). `train_and_evaluate(config, workdir)` is all `launch/train.py`
-calls. Every check that can fail on bad input (config, data vs model, batch size vs mesh,
+trainer (`bert_jax/training/trainer.py`). `train_and_evaluate(config, workdir)` is all
+`launch/train.py` calls. Every check that can fail on bad input (config, data vs model, batch size
+vs mesh,
 checkpoint vs model) runs before any device work.
 """
 

@@ -40,8 +40,8 @@ def get_config() -> ml_collections.ConfigDict:
   # architecture, BERT's for any other).
   config.model.initializer = "auto"
   config.model.layer_norm_eps = 1e-12  # LayerNorm epsilon, as in the original BERT.
-  # The blocks, by name (bert_jax/models/model.py's registries): "learned" absolute positions added to
-  # the embeddings, BERT's "dense" MLP, "post"-LN layers (x = LN(x + f(x))).
+  # The blocks, by name (bert_jax/models/model.py's registries): "learned" absolute positions added
+  # to the embeddings, BERT's "dense" MLP, "post"-LN layers (x = LN(x + f(x))).
   config.model.position_embedding = "learned"
   config.model.mlp = "dense"
   config.model.norm_placement = "post"

@@ -15,8 +15,9 @@ HuggingFace means BERT (model_type "bert") or ModernBERT (model_type "modernbert
 modern encoder, rotary / GeGLU / pre-LN / local attention), both ways; --to_hf picks the one
 that computes the model, and writes the tokenizer (tokenizer.json and its config: AutoTokenizer
 gives bert_jax's ids, sentencepiece vocabularies included). A fine-tuned run exports as HF's
-task model of its task and family (`bert_jax/weights/hf_export.py`: AutoModelForSequenceClassification,
-...ForTokenClassification, ...ForQuestionAnswering load it, id2label / label2id in config.json);
+task model of its task and family (`bert_jax/weights/hf_export.py`:
+AutoModelForSequenceClassification, ...ForTokenClassification, ...ForQuestionAnswering load it,
+id2label / label2id in config.json);
 --from_hf of such a task model converts its encoder. A ModernBERT config bert_jax cannot
 represent is refused naming the field.
 

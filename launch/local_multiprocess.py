@@ -5,11 +5,13 @@ r"""Runs N processes of a launcher on this machine as one JAX multi-host job (CP
 
 Each process gets `--coordinator_address=127.0.0.1:PORT --num_processes=N --process_id=i` and
 its own forced CPU devices. `--debug` shows the runner's own tracebacks; a bad flag is one
-`error:` line (exit status 2). Output lines are prefixed with the process id. If any process fails,
+`error:` line (exit status 2). Ctrl-C (or SIGINT to the runner alone) stops the processes too:
+the runner waits up to --grace_seconds for them, kills what is left, and exits 130. Output lines are prefixed with the process id. If any process fails,
 the others are stopped after --grace_seconds, and the exit status is the first failure's.
 """
 
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -61,7 +63,34 @@ def main(command: list[str]) -> None:
                                text=True)
     threading.Thread(target=_pump, args=(process, f"p{index}"), daemon=True).start()
     processes.append(process)
+  try:
+    _supervise(processes)
+  except KeyboardInterrupt:  # Ctrl-C or `kill -INT` of the runner: the processes stop too.
+    _stop_on_interrupt(processes)
+    raise
 
+
+def _stop_on_interrupt(processes: list[subprocess.Popen]) -> None:
+  """After SIGINT: each process still running after 1 s (Ctrl-C reached them already, `kill
+  -INT` of the runner did not) gets SIGINT; those left after --grace_seconds are killed."""
+  deadline = time.time() + 1.0
+  while time.time() < deadline and any(p.poll() is None for p in processes):
+    time.sleep(0.1)
+  for p in processes:
+    if p.poll() is None:
+      p.send_signal(signal.SIGINT)
+  deadline = time.time() + FLAGS.grace_seconds
+  while time.time() < deadline and any(p.poll() is None for p in processes):
+    time.sleep(0.2)
+  for p in processes:
+    if p.poll() is None:
+      p.kill()
+  print(f"[runner] exit statuses {[p.wait() for p in processes]}", flush=True)
+
+
+def _supervise(processes: list[subprocess.Popen]) -> None:
+  """Waits for every process; after a failure, the others get --grace_seconds. Exits with the
+  first failure's status (0 if none)."""
   failed_at = None
   status = 0
   while any(p.poll() is None for p in processes):

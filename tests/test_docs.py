@@ -633,8 +633,8 @@ def _worker(request: dict) -> list[list[str]]:
 def _workers(requests: list[dict]) -> None:
   """Each request in a process of its own (absl's FLAGS is global, and launchers define flags
   of the same names), forked from this one after jax is imported: the launchers import it (via
-  bert_jax.runtime.cli), and importing it once instead of once per launcher is most of this test's time.
-  stdout, last line: JSON list (per request) of `_worker`'s answers."""
+  bert_jax.runtime.cli), and importing it once instead of once per launcher is most of this test's
+  time. stdout, last line: JSON list (per request) of `_worker`'s answers."""
   import jax  # pylint: disable=g-import-not-at-top,unused-import
 
   children = []
@@ -802,8 +802,8 @@ if __name__ == "__main__" and sys.argv[1:2] == ["--worker"]:
 _DEFINED_FLAG = re.compile(r"DEFINE_\w+\(\s*\"(\w+)\"")
 # Where the flags of launch/*.py are defined: the launcher itself, and what every training
 # launcher shares (`cli.define_flags`, `distributed.define_flags`).
-_FLAG_SOURCES = {"launch/train.py": ("bert_jax/runtime/cli.py", "bert_jax/runtime/distributed.py"),
-                 "launch/finetune.py": ("bert_jax/runtime/cli.py", "bert_jax/runtime/distributed.py")}
+_SHARED_FLAG_SOURCES = ("bert_jax/runtime/cli.py", "bert_jax/runtime/distributed.py")
+_FLAG_SOURCES = {"launch/train.py": _SHARED_FLAG_SOURCES, "launch/finetune.py": _SHARED_FLAG_SOURCES}
 
 
 def defined_flags(launcher: str) -> set[str]:

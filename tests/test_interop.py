@@ -8,8 +8,9 @@ defaults and the heads really are compared. TF checkpoints are written by
 mapping written independently of the importer's.
 
 Training workdirs come from two steps of the real `launch/train.py` on synthetic data (no
-vocabulary), and from `bert_jax.checkpoints.checkpointing.Checkpointer` directly with the real TrainState
-structure and a vocabulary (as a prepared dataset's run has); a fine-tuning workdir's best
+vocabulary), and from `bert_jax.checkpoints.checkpointing.Checkpointer` directly with the real
+TrainState structure and a vocabulary (as a prepared dataset's run has); a fine-tuning workdir's
+best
 export from `bert_jax.checkpoints.checkpointing.BestExport` with a classifier head.
 """
 

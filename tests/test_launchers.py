@@ -308,3 +308,25 @@ def test_local_multiprocess_reports_a_bad_flag_in_one_line():
   assert result.stderr.strip().splitlines() == [
       "error: bad flag or config override: flag --num_processes=x: invalid literal for int() "
       "with base 10: 'x'"]
+
+
+def test_local_multiprocess_sigint_stops_its_processes_and_waits_for_them(tmp_path):
+  """`kill -INT` of the runner alone (Ctrl-C signals the whole group): it passes SIGINT on,
+  waits for its processes, reports their statuses and exits 130 with one error line."""
+  marker = tmp_path / "started"
+  child = ("import pathlib, sys, time\n"
+           f"pathlib.Path({str(marker)!r} + sys.argv[-1].split('=')[1]).touch()\n"
+           "time.sleep(120)\n")
+  runner = subprocess.Popen(
+      [sys.executable, "launch/local_multiprocess.py", "--num_processes=2", "--grace_seconds=30",
+       "--", "-c", child], cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+  deadline = time.time() + 60
+  while not all((tmp_path / f"started{i}").exists() for i in range(2)):
+    assert time.time() < deadline and runner.poll() is None, runner.communicate()
+    time.sleep(0.2)
+  runner.send_signal(signal.SIGINT)
+  out, err = runner.communicate(timeout=60)
+  assert runner.returncode == 128 + signal.SIGINT, (out, err)
+  assert err.strip().splitlines()[-1].startswith("error: interrupted (SIGINT)"), err
+  statuses = re.search(r"\[runner\] exit statuses \[(-?\d+), (-?\d+)\]", out)
+  assert statuses and all(int(s) != 0 for s in statuses.groups()), out  # Stopped, not finished.

@@ -16,7 +16,8 @@ import pytest
 from bert_jax import config_checks, train
 from bert_jax.data import corpus, packing, pipeline, prepare, tfds_builder
 from bert_jax.data import vocab as vocab_lib
-from bert_jax.objectives.masking import MaskingConfig, example_targets, mask_tokens, max_targets_per_row
+from bert_jax.objectives.masking import (MaskingConfig, example_targets, mask_tokens,
+                                         max_targets_per_row)
 from bert_jax.models.model import BertConfig
 from configs import base, base_phase2, tiny
 

@@ -1,8 +1,9 @@
 """Prepared records: a row as the bytes of a serialized `tf.train.Example` (the TFDS record
 format), written by hand.
 
-`RecordSerializer` assembles the protobuf wire format itself (varints from `bert_jax.runtime.varint`):
-3-4x faster than building proto objects, and no TensorFlow. It writes exactly the values of
+`RecordSerializer` assembles the protobuf wire format itself (varints from
+`bert_jax.runtime.varint`): 3-4x faster than building proto objects, and no TensorFlow. It writes
+exactly the values of
 `packing`'s reference layout (`nsp_row_features`, `sentences_row_features`); tests decode its
 bytes with the TFDS features of `tfds_builder` and compare.
 

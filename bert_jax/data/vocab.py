@@ -12,8 +12,9 @@ hard-coded elsewhere), `encode`, `encode_with_word_starts` (for whole-word maski
   word; punctuation is its own word (BERT's pre-tokeniser). Special-token text ("[MASK]") is
   matched as the special token, as HF does, unless `split_special_tokens` (pretraining text).
 
-Vocabularies load from and save to local paths or buckets (gs://, through `bert_jax.runtime.storage`):
-the files are read into memory and written from it, never through local copies.
+Vocabularies load from and save to local paths or buckets (gs://, through
+`bert_jax.runtime.storage`): the files are read into memory and written from it, never through local
+copies.
 """
 
 from __future__ import annotations

@@ -32,8 +32,8 @@ V' >= V rows, V rounded up to `vocab_pad_multiple`, so that the vocabulary split
 axis of 4 or 8; padded rows are never looked up and never predicted (logits are cut to V).
 Weights enter and leave that layout in `bert_jax/weights/layout.py`.
 
-Every parameter carries logical axis names (the constants below); `bert_jax/training/sharding.py` maps
-them onto the mesh with `config.mesh.logical_axis_rules`. Whatever the compute `dtype`: softmax
+Every parameter carries logical axis names (the constants below); `bert_jax/training/sharding.py`
+maps them onto the mesh with `config.mesh.logical_axis_rules`. Whatever the compute `dtype`: softmax
 and norm statistics run in float32, and the MLM and NSP logits come out of their matmuls in
 float32, so the losses never see bf16-rounded logits.
 """

@@ -1,1 +1,2 @@
-"""Process-level services: storage paths (local and gs://), jax.distributed, signals, the workdir lock, the command line and metric writers."""
+"""Process-level services: storage paths (local and gs://), jax.distributed, signals, the
+workdir lock, the launchers' shared command line and metric writers."""

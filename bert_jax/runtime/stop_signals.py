@@ -42,8 +42,8 @@ class StopSignals:
   """SIGTERM as a stop request, checked at step boundaries and honoured inside waits.
 
   Installed for one process only (`install`); with several processes the step-boundary stop
-  comes from JAX's preemption sync point (see `bert_jax/training/trainer.py`), and waits still poll so
-  that SIGINT stops them.
+  comes from JAX's preemption sync point (see `bert_jax/training/trainer.py`), and waits still poll
+  so that SIGINT stops them.
   """
 
   def __init__(self, grace_seconds: float):

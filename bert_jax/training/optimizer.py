@@ -29,8 +29,8 @@ ModernBERT turns that off with StableAdamW (its update clipping replaces it): ma
 
 `OPTIMIZERS` is the registry: name -> `OptimizerSpec` (how to build it from config.train and the
 schedule, and the config.train fields it alone reads, each with its check). A new optimizer is
-an entry here (or `register_optimizer` from a user's module) plus its fields in configs/base.py:
-the config checks and the compiled step read its fields from the registry (WORKSPACE.md).
+an entry here (or one a user's module adds to the dict) plus its fields in configs/base.py: the
+config checks and the compiled step read its fields from the registry (WORKSPACE.md).
 """
 
 import dataclasses
@@ -295,18 +295,6 @@ OPTIMIZERS: dict[str, OptimizerSpec] = {
     "stable_adamw": OptimizerSpec(lambda t, s: stable_adamw(
         **adam_arguments(t, s), max_learning_rate=t.learning_rate)),
 }
-
-
-def register_optimizer(name: str, spec: OptimizerSpec) -> None:
-  """Adds an optimizer (a user's module, or a test) under `name`; its own fields must then be
-  in the config (configs/base.py)."""
-  if name in OPTIMIZERS:
-    raise ValueError(f"optimizer {name!r} is registered already")
-  taken = set(own_fields())
-  clash = sorted(taken & set(spec.own_fields))
-  if clash:
-    raise ValueError(f"optimizer {name!r}: fields {clash} belong to another optimizer")
-  OPTIMIZERS[name] = spec
 
 
 def own_fields() -> dict[str, FieldCheck]:

@@ -1,7 +1,8 @@
 """The device mesh (data / fsdp / tensor axes) and the logical-axis rules that place arrays on it.
 
-Parameters carry logical axis names (see `bert_jax/models/model.py`); `config.mesh.logical_axis_rules`
-maps them onto mesh axes. Batches are split over data x fsdp. Every dimension that a rule splits
+Parameters carry logical axis names (see `bert_jax/models/model.py`);
+`config.mesh.logical_axis_rules` maps them onto mesh axes. Batches are split over data x fsdp. Every
+dimension that a rule splits
 must divide by the mesh axes it maps to: `check_divisibility` tells which config field does not,
 before anything compiles (XLA would fail later with a bare IndivisibleError).
 """

@@ -12,8 +12,8 @@ named in a warning; `heads_present(params)` tells, and `fill_missing_heads` take
 freshly initialised params when the caller decides to. `load_with_head` also returns the task
 head of a HuggingFace task model (`TaskHead`; fine-tuning decides whether it fits its task).
 
-Every path may be local or in a bucket (gs://): files go through `bert_jax.runtime.storage`, checkpoints
-through orbax.
+Every path may be local or in a bucket (gs://): files go through `bert_jax.runtime.storage`,
+checkpoints through orbax.
 """
 
 import logging

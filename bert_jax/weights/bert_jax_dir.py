@@ -8,8 +8,8 @@ It holds
 - `vocab/`: the vocabulary (`Vocab.save`), when known;
 - `bert_jax_pretrained.json`: format version, which heads are present, where it came from.
 
-The directory may be local or in a bucket (gs://): every file goes through `bert_jax.runtime.storage`,
-the params through orbax.
+The directory may be local or in a bucket (gs://): every file goes through
+`bert_jax.runtime.storage`, the params through orbax.
 """
 
 import os

@@ -14,8 +14,8 @@ the modern encoder (`hf_modernbert.is_modernbert`; no pooler or NSP head there),
 with a fine-tuned head (`bert_jax/weights/hf_export.py`). Parameter names and layouts come from
 `bert_jax.weights.hf_bert`'s one table, `hf_modernbert` and `hf_heads`.
 
-Directories may be local or in a bucket (gs://, through `bert_jax.runtime.storage`): a bucket's weight
-files are read into memory and written from it.
+Directories may be local or in a bucket (gs://, through `bert_jax.runtime.storage`): a bucket's
+weight files are read into memory and written from it.
 """
 
 import io

@@ -152,8 +152,8 @@ def _checked_fields(hf_config: Mapping[str, Any]) -> dict[str, Any]:
 
 # What HF's BertModel computes: the fields a BERT export needs at these values.
 BERT_ARCHITECTURE = {"position_embedding": "learned", "mlp": "dense", "norm_placement": "post",
-                     "norm": "layer_norm", "attention_bias": True, "mlp_bias": True, "norm_bias": True,
-                     "classifier_bias": True, "local_attention": 0}
+                     "norm": "layer_norm", "attention_bias": True, "mlp_bias": True,
+                     "norm_bias": True, "classifier_bias": True, "local_attention": 0}
 
 
 def check_is_bert(config: BertConfig) -> None:

@@ -1,6 +1,6 @@
 """Weights of bert_jax's own runs: a pretraining or fine-tuning workdir, its `checkpoints/` or
-`best/` directory, or one step directory, read through `bert_jax.checkpoints.checkpointing` (which owns the
-layout). Only the params are read, never the optimizer state.
+`best/` directory, or one step directory, read through `bert_jax.checkpoints.checkpointing` (which
+owns the layout). Only the params are read, never the optimizer state.
 
 A fine-tuning run's params are a head model's (`{"bert": encoder, "classifier": ...}`): the
 `BertForPreTraining` parts it has are kept and the task head is left out, so a fine-tuned
