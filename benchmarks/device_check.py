@@ -209,10 +209,12 @@ def _compile(config, task, mesh, device_bytes: float | None):
   """(program, compiled step, XLA memory report, compile seconds), the batch halved while XLA's
   memory analysis says the step would not fit in 90% of the device."""
   from bert_jax.training import programs  # pylint: disable=import-outside-toplevel
-  prog = programs.make_program(config, task, mesh)
+  from bert_jax.training.settings import TrainSettings  # pylint: disable=import-outside-toplevel
+  prog = programs.make_program(TrainSettings.from_config(config), task, mesh)
   while True:
     start = time.perf_counter()
-    compiled = programs.compile_step(config, task, mesh, prog, log=lambda message: None)
+    compiled = programs.compile_step(config.train.batch_size, task, mesh, prog,
+                                     log=lambda message: None)
     seconds = time.perf_counter() - start
     memory = programs.memory_report(compiled)
     too_big = device_bytes and memory.get("total_gib", 0) * 2**30 > 0.9 * device_bytes
@@ -345,7 +347,8 @@ def prepare_only(plan: Plan, cache_dir: str) -> None:
   start = time.time()
   config = real_data_config(plan, "float32", "xla", cache_dir)
   prepared = builtin.ensure_builtin(cache_dir, builtin.BuiltinSettings.from_config(config))
-  dataset_dir, meta = pipeline.resolve_dataset(config, cache_dir, prepared)
+  dataset_dir, meta = pipeline.resolve_dataset(pipeline.DataSpec.from_config(config), cache_dir,
+                                               prepared)
   print(json.dumps({"dataset_dir": dataset_dir, "seconds": time.time() - start,
                     "train_rows": meta["splits"]["train"]["rows"]}))
 

@@ -31,6 +31,7 @@ import device_check  # pylint: disable=wrong-import-position
 from bert_jax import train  # pylint: disable=wrong-import-position
 from bert_jax.models import model
 from bert_jax.training import programs, sharding
+from bert_jax.training.settings import TrainSettings
 
 PARAM_DTYPE_CALL = model.Embeddings.__call__
 
@@ -55,9 +56,9 @@ def time_step(dtype: str, lookup: str, remat: str, batch: int = 64, steps: int =
   task = train.pretraining_task(config, model_config, None)
   mesh = sharding.make_mesh(config.mesh, [jax.devices()[0]])
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
-    prog = programs.make_program(config, task, mesh)
+    prog = programs.make_program(TrainSettings.from_config(config), task, mesh)
     start = time.time()
-    compiled = programs.compile_step(config, task, mesh, prog, log=lambda message: None)
+    compiled = programs.compile_step(batch, task, mesh, prog, log=lambda message: None)
     compile_s = time.time() - start
     state = prog.init(jax.random.key(0))
     inputs = sharding.global_batch_from_local(

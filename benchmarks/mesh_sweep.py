@@ -66,11 +66,13 @@ def lower_report(config) -> dict:
   from bert_jax import config_checks, train  # pylint: disable=import-outside-toplevel
   from bert_jax.training import programs, sharding
   from bert_jax.models.model import BertConfig  # pylint: disable=import-outside-toplevel
+  from bert_jax.training.settings import TrainSettings  # pylint: disable=import-outside-toplevel
   config_checks.check_pretraining(config)
   task = train.pretraining_task(config, BertConfig.from_config(config.model), None)
   mesh = sharding.make_mesh(config.mesh)
-  programs.check_mesh(config, task.model_config, mesh)
-  prog = programs.make_program(config, task, mesh)
+  settings = TrainSettings.from_config(config)
+  programs.check_mesh(settings, task.model_config, mesh)
+  prog = programs.make_program(settings, task, mesh)
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
     target = jax.tree.map(lambda leaf, s: jax.ShapeDtypeStruct(leaf.shape, leaf.dtype, sharding=s),
                           prog.abstract_state, prog.state_shardings)

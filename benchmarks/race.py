@@ -27,15 +27,18 @@ class Variant:
     from bert_jax.training import programs, sharding
     from bert_jax.data import builtin, pipeline
     from bert_jax.models.model import BertConfig
+    from bert_jax.training.settings import TrainSettings
     config_checks.check_pretraining(config)
     self.name, self.config = name, config
     prepared = builtin.ensure_builtin(workdir, builtin.BuiltinSettings.from_config(config))
-    self.dataset_dir, self.meta = pipeline.resolve_dataset(config, workdir, prepared)
+    self.dataset_dir, self.meta = pipeline.resolve_dataset(
+        pipeline.DataSpec.from_config(config), workdir, prepared)
     self.task = train.pretraining_task(config, BertConfig.from_config(config.model), self.meta)
     self.mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
     self.rules = sharding.logical_rules(config.mesh)
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(self.rules):
-      self.program = programs.make_program(config, self.task, self.mesh)
+      self.program = programs.make_program(TrainSettings.from_config(config), self.task,
+                                           self.mesh)
     self.key = jax.random.fold_in(jax.random.key(config.seed), 2)
     self.reset()
 

@@ -88,7 +88,8 @@ def eval_rows(workdir: str, max_batches: int):
   from bert_jax.data import builtin, pipeline
   config = variant_config("modern")
   prepared = builtin.ensure_builtin(workdir, builtin.BuiltinSettings.from_config(config))
-  dataset_dir, _ = pipeline.resolve_dataset(config, workdir, prepared)
+  dataset_dir, _ = pipeline.resolve_dataset(pipeline.DataSpec.from_config(config), workdir,
+                                            prepared)
   return lambda: pipeline.make_eval_batches(
       dataset_dir, global_batch_size=64, process_index=0, process_count=1,
       max_batches=max_batches)

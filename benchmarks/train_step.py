@@ -168,9 +168,14 @@ class BertJaxWorker:
     # The batch contract: K examples per row, no padding (every slot is a real token).
     host = packed_rows(batch, length, examples, config.model.vocab_size)
     task = PretrainingTask(model_config, masking, length, examples)
+    try:
+      from bert_jax.training.settings import TrainSettings
+      run_settings = TrainSettings.from_config(config)
+    except ImportError:  # Before the typed settings the programs read the ConfigDict.
+      run_settings = config
     self.mesh = sharding.make_mesh(config.mesh, jax.devices()[:1])
     with jax.set_mesh(self.mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
-      program = programs.make_program(config, task, self.mesh)
+      program = programs.make_program(run_settings, task, self.mesh)
       self.state = program.init(jax.random.key(0))
       self.batch = sharding.global_batch_from_local(host, self.mesh)
       self.key = jax.random.key(1)

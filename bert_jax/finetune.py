@@ -27,6 +27,7 @@ from bert_jax.data.vocab import Vocab
 from bert_jax.runtime.metrics_writer import console
 from bert_jax.models.model import BertConfig
 from bert_jax.weights.layout import num_params
+from bert_jax.training.settings import TrainSettings
 
 FINAL_EVAL_FILE = "final_eval.json"
 
@@ -51,7 +52,8 @@ def check(config) -> None:
   """Every value of `config` and the batch sizes against the mesh (one clear error naming the
   field), before the workdir is touched or anything is compiled."""
   config_checks.check_finetuning(config)
-  programs.check_batch_sizes(config, sharding.make_mesh(config.mesh))
+  settings = TrainSettings.from_config(config)
+  programs.check_batch_sizes(settings, sharding.make_mesh(settings.mesh))
   # The head size is the encoder's, checked once it is loaded (programs.check_mesh).
   model_lib.check_attention_impl(config.model.attention_impl, config.model.dtype)
 
@@ -86,7 +88,7 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
       initial_params=(lambda: initial) if initial is not None else None,
       initial_source=encoder.source,
       best_metric=config.train.best_metric or task.main_metric())
-  result = trainer.train(config, workdir, run)
+  result = trainer.train(TrainSettings.from_config(config), workdir, run)
   summary = _summary(run, result, train_data, validation)
   if jax.process_index() == 0:
     storage.write_text(storage.join(workdir, FINAL_EVAL_FILE), json.dumps(summary, indent=2))

@@ -21,6 +21,7 @@ from bert_jax.data.vocab import Vocab
 from bert_jax.objectives.masking import MaskingConfig
 from bert_jax.models.model import BertConfig
 from bert_jax.tasks import PretrainingTask
+from bert_jax.training.settings import TrainSettings
 
 # Synthetic data uses sentencepiece's special-token layout (see WORKSPACE.md).
 SYNTHETIC_SPECIALS = dict(pad_id=0, unk_id=1, cls_id=2, sep_id=3, mask_id=4)
@@ -33,14 +34,16 @@ def check(config) -> None:
   once prepared (into the workdir)."""
   _check_config(config)
   if config.data.source == "prepared":
-    pipeline.resolve_dataset(config, workdir="")  # A prepared dataset is read, never written.
+    # A prepared dataset is read, never written.
+    pipeline.resolve_dataset(pipeline.DataSpec.from_config(config), workdir="")
 
 
 def _check_config(config) -> None:
   """The config's values, and the model and batch sizes against the mesh (no I/O)."""
   config_checks.check_pretraining(config)
-  programs.check_mesh(config, BertConfig.from_config(config.model),
-                     sharding.make_mesh(config.mesh))
+  settings = TrainSettings.from_config(config)
+  programs.check_mesh(settings, BertConfig.from_config(config.model),
+                      sharding.make_mesh(settings.mesh))
   for field in ("batch_size", "eval_batch_size"):
     batching.per_host_batch_size(config.train[field], jax.process_count(), f"config.train.{field}")
 
@@ -62,14 +65,15 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
       initial_params=(_initial_params(config, model_config, vocab)
                       if config.init_from else None),
       initial_source=config.init_from)
-  return trainer.train(config, workdir, run)
+  return trainer.train(TrainSettings.from_config(config), workdir, run)
 
 
 def compile_report(config) -> dict[str, Any]:
   """Per-device memory and FLOPs of the compiled train step, from abstract shapes only."""
   config_checks.check_pretraining(config)
   model_config = BertConfig.from_config(config.model)
-  return programs.compile_report(config, pretraining_task(config, model_config, None))
+  return programs.compile_report(TrainSettings.from_config(config),
+                                 pretraining_task(config, model_config, None))
 
 
 def examples_per_row(config) -> int:
@@ -109,11 +113,12 @@ def _resolve_data(config, workdir: str) -> tuple[str | None, dict]:
   (None, {}) for synthetic data. The built-in corpus is prepared once and cached: by process 0
   in a shared workdir, by every host in its own local cache when the workdir is a bucket; then
   every process reads it."""
-  if config.data.source == "synthetic":
+  spec = pipeline.DataSpec.from_config(config)
+  if spec.source == "synthetic":
     return None, {}
   root, prepared = _builtin_root(config, workdir), None
-  builtin_data = config.data.source == "builtin"
-  settings = builtin.BuiltinSettings.from_config(config) if builtin_data else None
+  builtin_data = spec.source == "builtin"
+  settings = spec.builtin
   if builtin_data and (jax.process_index() == 0 or storage.is_remote(workdir)):
     # The directory it prepared (or the run's own, on a restart): the corpus key is not
     # computed twice (a package installed in between would name another directory).
@@ -121,7 +126,7 @@ def _resolve_data(config, workdir: str) -> tuple[str | None, dict]:
   multihost_utils.sync_global_devices("bert_jax: dataset ready")
   if builtin_data and prepared is None:  # Process 0's choice, prepared and recorded by now.
     prepared = builtin.run_dataset(root, settings, workdir, record=False)
-  return pipeline.resolve_dataset(config, root, builtin_dir=prepared)
+  return pipeline.resolve_dataset(spec, root, builtin_dir=prepared)
 
 
 def _train_iterator(config, dataset_dir: str | None, vocab_size: int):

@@ -212,7 +212,7 @@ def test_prepared_dataset_uploads_and_reads_through_a_local_copy(bucket, tmp_pat
   config.data.objective, config.data.max_examples_per_row = "mlm_nsp", 2
   mount = f"/mnt/{gcs_emulator.BUCKET}/cloud_storage/dataset"
   with pytest.raises(ValueError, match=rf"(?s)--config.data.dataset_dir.*gcsfuse.*{mount}"):
-    pipeline.resolve_dataset(config, str(tmp_path / "workdir"))
+    pipeline.resolve_dataset(pipeline.DataSpec.from_config(config), str(tmp_path / "workdir"))
   with pytest.raises(ValueError, match=f"gcsfuse --implicit-dirs {gcs_emulator.BUCKET} "):
     pipeline.make_train_iterator(output, global_batch_size=8, seed=0, process_index=0,
                                  process_count=1)
@@ -221,7 +221,8 @@ def test_prepared_dataset_uploads_and_reads_through_a_local_copy(bucket, tmp_pat
   local = str(tmp_path / "mounted")
   _download(output, local)
   config.data.dataset_dir = local
-  assert pipeline.resolve_dataset(config, str(tmp_path / "workdir")) == (local, meta)
+  assert pipeline.resolve_dataset(pipeline.DataSpec.from_config(config),
+                                  str(tmp_path / "workdir")) == (local, meta)
   batch = next(pipeline.make_train_iterator(local, global_batch_size=8, seed=0, process_index=0,
                                             process_count=1))
   assert batch["input_ids"].shape == (8, 32) and batch["cls_positions"].shape == (8, 2)

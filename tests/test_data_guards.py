@@ -75,7 +75,8 @@ def test_check_dataset_is_cheap_and_resolve_dataset_runs_it(small):
   start = time.perf_counter()
   pipeline.check_dataset(dataset_dir)
   assert time.perf_counter() - start < 1.0  # Milliseconds in fact: a few reads per shard.
-  found, meta = pipeline.resolve_dataset(_prepared_config(dataset_dir, vocab), workdir="")
+  spec = pipeline.DataSpec.from_config(_prepared_config(dataset_dir, vocab))
+  found, meta = pipeline.resolve_dataset(spec, workdir="")
   assert found == dataset_dir and meta["splits"]["validation"]["rows"] > 0
 
 
@@ -89,7 +90,7 @@ def test_damaged_shards_are_one_line_naming_the_file(small, tmp_path):
     f.truncate(size // 2)  # An interrupted copy.
   config = _prepared_config(copy, vocab)
   with pytest.raises(ValueError, match="cannot be read") as error:
-    pipeline.resolve_dataset(config, workdir="")
+    pipeline.resolve_dataset(pipeline.DataSpec.from_config(config), workdir="")
   assert _one_line(error) == (
       f"Prepared dataset {copy}: shard {shard} cannot be read (truncated or corrupt: no valid "
       "ArrayRecord footer); copy the dataset again (an interrupted copy?) or prepare it again.")
@@ -125,17 +126,18 @@ def test_bert_meta_json_that_is_broken_or_names_a_vocabulary_elsewhere(small, tm
   for vocab_dir in ("../other/vocab", os.path.join(dataset_dir, "vocab"), "gs://b/vocab"):
     json.dump({**meta, "vocab_dir": vocab_dir}, open(meta_file, "w"))
     with pytest.raises(ValueError) as error:
-      pipeline.resolve_dataset(config, workdir="")
+      pipeline.resolve_dataset(pipeline.DataSpec.from_config(config), workdir="")
     assert _one_line(error).startswith(f"{meta_file}: vocab_dir {vocab_dir!r} lies outside the "
                                        "dataset"), _one_line(error)
   json.dump({**meta, "vocab_dir": "./vocab"}, open(meta_file, "w"))
-  pipeline.resolve_dataset(config, workdir="")  # Inside, however spelled.
+  # Inside, however spelled.
+  pipeline.resolve_dataset(pipeline.DataSpec.from_config(config), workdir="")
   for content, message in (("{not json", "is not valid JSON"), ("[]", "is not a bert_jax "),
                            (json.dumps({k: v for k, v in meta.items() if k != "special_ids"}),
                             "lacks special_ids")):
     open(meta_file, "w").write(content)
     with pytest.raises(ValueError) as error:
-      pipeline.resolve_dataset(config, workdir="")
+      pipeline.resolve_dataset(pipeline.DataSpec.from_config(config), workdir="")
     assert _one_line(error).startswith(f"{meta_file} {message}"), _one_line(error)
 
 
@@ -168,7 +170,8 @@ def test_empty_validation_split_is_refused_before_training(small, tmp_path, capl
   assert any("validation split is empty (--validation_fraction=0)" in r.getMessage()
              for r in caplog.records)  # Said when preparing too.
   with pytest.raises(ValueError, match="validation split is empty") as error:
-    pipeline.resolve_dataset(_prepared_config(no_fraction, vocab), workdir="")
+    pipeline.resolve_dataset(pipeline.DataSpec.from_config(_prepared_config(no_fraction, vocab)),
+                             workdir="")
   assert _one_line(error) == (
       f"Prepared dataset {no_fraction}: the validation split is empty (it was prepared with "
       "validation_fraction=0), and pretraining evaluates on it (at least at its last step): "

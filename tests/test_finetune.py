@@ -18,6 +18,7 @@ import pytest
 
 from bert_jax import finetune, predict, tasks
 from bert_jax.training import evaluation, programs, sharding
+from bert_jax.training.settings import TrainSettings
 from bert_jax.models import model as model_lib
 from bert_jax import train, weights
 from bert_jax.data import finetune as finetune_data
@@ -724,7 +725,7 @@ def test_qa_eval_scores_each_question_once_over_its_windows(tmp_path):
   assert len(data.examples) == 4 and len(data) == 3 + 4 + 4 + 1
   mesh = sharding.make_mesh(config.mesh)
   outputs, sums = evaluation.evaluate(
-      None, programs.make_program(config, task, mesh).eval_step,
+      None, programs.make_program(TrainSettings.from_config(config), task, mesh).eval_step,
       finetune_data.eval_batches(data, 8), mesh, config.seed, task.keeps_eval_outputs)
   scores = task.scores(outputs, sums, data)
   assert scores.counts == {"examples": 4, "windows": 12}

@@ -4,6 +4,7 @@ optimization.py (`create_optimizer`: polynomial_decay + warmup, clip_by_global_n
 "wsd" against its definition, "stable_adamw" against a numpy transcription of optimi's
 StableAdamW (github.com/warner-benjamin/optimi, optimi/stableadamw.py)."""
 
+import dataclasses
 import math
 import os
 import re
@@ -20,11 +21,13 @@ from ml_collections import config_flags
 
 from bert_jax import config_checks
 from bert_jax.objectives import losses
-from bert_jax.training import optimizer as optimizer_lib, programs
+from bert_jax.training import optimizer as optimizer_lib
+from bert_jax.training.settings import StepSettings
 from bert_jax.objectives.masking import MaskingConfig
 from bert_jax.models.model import BertConfig, BertForPreTraining
 from bert_jax.tasks import PretrainingTask
 from bert_jax.weights import layout
+from configs import base
 
 
 def _train_config(**overrides) -> ml_collections.ConfigDict:
@@ -504,6 +507,12 @@ def test_stable_adamw_with_wsd_pass_the_config_checks(monkeypatch):
 
 
 def test_compiled_step_fields_carry_the_wsd_fields():
-  """The compiled step is built from programs.STEP_FIELDS only: the schedule's fields must be
-  among them."""
-  assert set(WSD_FIELDS) <= set(programs.STEP_FIELDS)
+  """The compiled step is built from the typed StepSettings only: the schedule's fields must be
+  among them, and a change of one is another program (the settings are its cache key)."""
+  config = base.get_config()
+  step = StepSettings.from_config(config.train)
+  assert set(WSD_FIELDS) <= {f.name for f in dataclasses.fields(StepSettings)}
+  for name in WSD_FIELDS:
+    changed = config.train.copy_and_resolve_references()
+    changed[name] = changed[name] + 1 if not isinstance(changed[name], str) else "linear"
+    assert StepSettings.from_config(changed) != step, name

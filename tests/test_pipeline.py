@@ -388,7 +388,7 @@ def test_builtin_is_prepared_once_then_read(tmp_path, monkeypatch):
   settings = builtin.BuiltinSettings.from_config(config)
   # The reader only reads: nothing prepared yet is an error, and nothing is written.
   with pytest.raises(ValueError, match="built-in corpus is not prepared .*ensure_builtin"):
-    pipeline.resolve_dataset(config, str(tmp_path))
+    pipeline.resolve_dataset(pipeline.DataSpec.from_config(config), str(tmp_path))
   assert os.listdir(tmp_path) == []
   dataset_dir = builtin.ensure_builtin(str(tmp_path), settings, num_workers=0)
   assert dataset_dir == builtin.dataset_dir(str(tmp_path), settings)
@@ -401,7 +401,7 @@ def test_builtin_is_prepared_once_then_read(tmp_path, monkeypatch):
   assert meta["splits"]["train"]["rows"] > 100
   stamp = os.path.getmtime(os.path.join(dataset_dir, prepare.META_FILE))
   assert builtin.ensure_builtin(str(tmp_path), settings, num_workers=0) == dataset_dir  # Cached.
-  found, meta_again = pipeline.resolve_dataset(config, str(tmp_path))
+  found, meta_again = pipeline.resolve_dataset(pipeline.DataSpec.from_config(config), str(tmp_path))
   assert found == dataset_dir and meta_again == meta
   assert os.path.getmtime(os.path.join(dataset_dir, prepare.META_FILE)) == stamp
   # A package installed between preparing and reading changes the corpus key: the reader takes
@@ -409,8 +409,9 @@ def test_builtin_is_prepared_once_then_read(tmp_path, monkeypatch):
   another_corpus = dataclasses.replace(builtin_selection.current(), fingerprint="another")
   monkeypatch.setattr(builtin_selection, "current", lambda: another_corpus)
   with pytest.raises(ValueError, match="not prepared"):
-    pipeline.resolve_dataset(config, str(tmp_path))
-  assert pipeline.resolve_dataset(config, str(tmp_path), dataset_dir) == (dataset_dir, meta)
+    pipeline.resolve_dataset(pipeline.DataSpec.from_config(config), str(tmp_path))
+  assert pipeline.resolve_dataset(pipeline.DataSpec.from_config(config), str(tmp_path),
+                                  dataset_dir) == (dataset_dir, meta)
   monkeypatch.undo()
 
   # A training run keeps the dataset it started with (builtin.run_dataset, recorded in its

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from bert_jax.training import optimizer as optimizer_lib, programs, sharding
+from bert_jax.training.settings import TrainSettings
 from bert_jax.objectives.masking import MaskingConfig
 from bert_jax.models.model import BertConfig
 from bert_jax.tasks import PretrainingTask
@@ -69,7 +70,7 @@ def _run(config, devices, num_steps=3):
                                       special_token_ids=(0, 1, 2, 3, 4), unk_token_id=1)
   task = PretrainingTask(BertConfig.from_config(config.model), masking, SEQ_LEN, K)
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
-    prog = programs.make_program(config, task, mesh)
+    prog = programs.make_program(TrainSettings.from_config(config), task, mesh)
     state = prog.init(jax.random.key(0))
     losses = []
     for i in range(num_steps):

@@ -178,19 +178,20 @@ class Checkpointer:
   Every committed checkpoint gets a verification record (`checkpoint_integrity`); at start the
   newest checkpoint that verifies is the one resumed from. Damaged newer ones are set aside
   (renamed `<step>.damaged`, never deleted) with a warning, or stop the run when
-  `checkpoint_config.on_damaged` is "fail"; so is one without a record whose files cannot be
+  `settings.on_damaged` is "fail"; so is one without a record whose files cannot be
   read. One that does not fit the run's state (other settings) is refused, never set aside.
   All processes agree on the step (process 0 checks). Every write and wait ends in seconds with
   a `CheckpointSaveError` when storage refuses it, and honours SIGTERM/SIGINT (`stop`).
   """
 
-  def __init__(self, workdir: str, checkpoint_config, stop: StopSignals | None = None):
+  def __init__(self, workdir: str, settings, stop: StopSignals | None = None):
+    """`settings`: config.checkpoint's fields (`bert_jax.training.settings.CheckpointSettings`)."""
     self.workdir = storage.absolute(workdir)
     self.directory = storage.join(self.workdir, CHECKPOINTS_DIR)
-    self.save_every_steps = checkpoint_config.save_every_steps
-    self.on_damaged = checkpoint_config.on_damaged
+    self.save_every_steps = settings.save_every_steps
+    self.on_damaged = settings.on_damaged
     self.stop = stop
-    options = _manager_options(checkpoint_config.max_to_keep, checkpoint_config.async_save)
+    options = _manager_options(settings.max_to_keep, settings.async_save)
     self._resume_step = _select_step(self.directory, self.on_damaged)
     self._recorder: threading.Thread | None = None  # Writes the pending verification record.
     self._committed = threading.Event()  # orbax finished the pending save: one last look.

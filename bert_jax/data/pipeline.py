@@ -15,6 +15,7 @@ losses, do not depend on the host count.
 """
 
 import concurrent.futures
+import dataclasses
 import os
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -73,12 +74,33 @@ def check_dataset_matches(meta: dict[str, Any], vocab_size: int, max_seq_length:
     raise ValueError("Prepared dataset does not match the model config: " + "; ".join(problems))
 
 
-def resolve_dataset(config: ml_collections.ConfigDict, workdir: str,
+@dataclasses.dataclass(frozen=True)
+class DataSpec:
+  """What a pretraining run reads (config.data's source) and what that data must match (the
+  model's vocabulary, the length, the objective and its packing): the driver builds it once."""
+  source: str  # "builtin", "prepared" or "synthetic".
+  dataset_dir: str  # "prepared": the prepared dataset's directory.
+  vocab_size: int  # config.model.vocab_size.
+  max_seq_length: int
+  objective: str  # "mlm" or "mlm_nsp".
+  max_examples_per_row: int
+  builtin: builtin.BuiltinSettings  # "builtin": the corpus's settings (its cache key).
+
+  @classmethod
+  def from_config(cls, config: ml_collections.ConfigDict) -> "DataSpec":
+    data = config.data
+    return cls(source=data.source, dataset_dir=data.dataset_dir,
+               vocab_size=config.model.vocab_size, max_seq_length=data.max_seq_length,
+               objective=data.objective, max_examples_per_row=data.max_examples_per_row,
+               builtin=builtin.BuiltinSettings.from_config(config))
+
+
+def resolve_dataset(spec: DataSpec, workdir: str,
                     builtin_dir: str | None = None) -> tuple[str, dict]:
-  """(dataset_dir, meta) for `config.data.source` "builtin" or "prepared", checked vs config
+  """(dataset_dir, meta) for `spec.source` "builtin" or "prepared", checked against the spec
   and by `check_dataset` (readable shards, a validation split to evaluate on). Only reads.
 
-  "builtin" is the built-in corpus prepared under `workdir` for the config's settings
+  "builtin" is the built-in corpus prepared under `workdir` for the spec's settings
   (`builtin.dataset_dir`; `builtin.ensure_builtin` prepares it, as `bert_jax/train.py` does
   first; `builtin_dir`: the directory `ensure_builtin` returned, so that the corpus is not
   looked at twice). For a "prepared" dataset `workdir` plays no part (a launcher checks it before it
@@ -86,26 +108,25 @@ def resolve_dataset(config: ml_collections.ConfigDict, workdir: str,
   with how to mount it: ArrayRecord reads local files only.
   """
   fraction_flag = "--validation_fraction"
-  if config.data.source == "builtin":
-    dataset_dir = builtin_dir or builtin.dataset_dir(
-        workdir, builtin.BuiltinSettings.from_config(config))
+  if spec.source == "builtin":
+    dataset_dir = builtin_dir or builtin.dataset_dir(workdir, spec.builtin)
     if not storage.isfile(storage.join(dataset_dir, prepare.META_FILE)):
       raise ValueError(f"The built-in corpus is not prepared for this config in {dataset_dir}: "
                        "training prepares it (bert_jax.data.builtin.ensure_builtin) before "
                        "reading it.")
     fraction_flag = "--config.data.validation_fraction"
-  elif config.data.source == "prepared":
-    if not config.data.dataset_dir:
+  elif spec.source == "prepared":
+    if not spec.dataset_dir:
       raise ValueError("config.data.source='prepared' needs --config.data.dataset_dir.")
-    dataset_dir = storage.require_local(config.data.dataset_dir,
+    dataset_dir = storage.require_local(spec.dataset_dir,
                                         "The prepared dataset (--config.data.dataset_dir)")
   else:
-    raise ValueError(f"config.data.source={config.data.source!r} has no dataset directory "
+    raise ValueError(f"config.data.source={spec.source!r} has no dataset directory "
                      "(expected 'builtin' or 'prepared').")
   meta = prepare.load_meta(dataset_dir)
   prepare.vocab_dir(dataset_dir, meta)  # Inside the dataset.
-  check_dataset_matches(meta, config.model.vocab_size, config.data.max_seq_length,
-                        config.data.objective, config.data.max_examples_per_row)
+  check_dataset_matches(meta, spec.vocab_size, spec.max_seq_length, spec.objective,
+                        spec.max_examples_per_row)
   check_dataset(dataset_dir, fraction_flag=fraction_flag)
   return dataset_dir, meta
 

@@ -11,17 +11,11 @@ from typing import Any, Callable
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
-import ml_collections
 
 from bert_jax.models import model
 from bert_jax.training import optimizer as optimizer_lib, sharding, steps
+from bert_jax.training.settings import StepSettings, TrainSettings
 from bert_jax.tasks.base import Task
-
-# The config.train fields the compiled step depends on (with the task, mesh and rules), besides
-# the registered optimizers' own fields (`step_fields`).
-STEP_FIELDS = ("optimizer", "schedule", "learning_rate", "warmup_steps", "num_train_steps",
-               "decay_fraction", "decay_shape", "weight_decay", "b1", "b2", "eps",
-               "max_grad_norm", "grad_accum_steps")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -40,10 +34,10 @@ class Program:
 
 
 @functools.lru_cache(maxsize=8)
-def program(task: Task, step_items: tuple[tuple[str, Any], ...], mesh, rules) -> Program:
-  """The jitted functions of `task` with the `step_fields()` of config.train on `mesh`."""
-  train_config = ml_collections.ConfigDict(dict(step_items))
-  optimizer = optimizer_lib.make_optimizer(train_config, task.frozen)
+def program(task: Task, step: StepSettings, mesh, rules) -> Program:
+  """The jitted functions of `task` with the optimizer and schedule of `step` on
+  `mesh` (cached on all four: they are hashable)."""
+  optimizer = optimizer_lib.make_optimizer(step, task.frozen)
   init_fn = functools.partial(steps.init_state, task=task, optimizer=optimizer)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
     abstract = jax.eval_shape(init_fn, jax.random.key(0))
@@ -53,8 +47,8 @@ def program(task: Task, step_items: tuple[tuple[str, Any], ...], mesh, rules) ->
                          is_leaf=lambda x: isinstance(x, nn.Partitioned))
   step_fn = functools.partial(
       steps.train_step, task=task, optimizer=optimizer,
-      schedule=optimizer_lib.learning_rate_schedule(train_config),
-      grad_accum_steps=train_config.grad_accum_steps)
+      schedule=optimizer_lib.learning_rate_schedule(step),
+      grad_accum_steps=step.grad_accum_steps)
   return Program(
       state_shardings=shardings, abstract_state=unboxed,
       init=jax.jit(lambda key: nn.meta.unbox(init_fn(key)), out_shardings=shardings),
@@ -63,33 +57,28 @@ def program(task: Task, step_items: tuple[tuple[str, Any], ...], mesh, rules) ->
       eval_step=jax.jit(functools.partial(steps.eval_step, task=task)))
 
 
-def step_fields() -> tuple[str, ...]:
-  """STEP_FIELDS and the fields of every registered optimizer (`optimizer.OPTIMIZERS`)."""
-  return STEP_FIELDS + tuple(optimizer_lib.own_fields())
+def make_program(settings: TrainSettings, task: Task, mesh) -> Program:
+  return program(task, settings.step, mesh, sharding.logical_rules(settings.mesh))
 
 
-def make_program(config, task: Task, mesh) -> Program:
-  items = tuple((name, config.train[name]) for name in step_fields())
-  return program(task, items, mesh, sharding.logical_rules(config.mesh))
-
-
-def check_mesh(config, model_config, mesh) -> None:
+def check_mesh(settings: TrainSettings, model_config, mesh) -> None:
   """The model's sharded dimensions and the batch sizes against the mesh, and its attention
   kernel against the devices, before compiling."""
   model.check_attention_impl(model_config.attention_impl, jnp.dtype(model_config.dtype).name,
                              model_config.head_dim)
-  sharding.check_divisibility(model_config, dict(mesh.shape), sharding.logical_rules(config.mesh))
-  check_batch_sizes(config, mesh)
+  sharding.check_divisibility(model_config, dict(mesh.shape),
+                              sharding.logical_rules(settings.mesh))
+  check_batch_sizes(settings, mesh)
 
 
-def check_batch_sizes(config, mesh) -> None:
+def check_batch_sizes(settings: TrainSettings, mesh) -> None:
   """Batch sizes against the mesh, before any device work (the values themselves, and the
   batch against grad accumulation, are `config_checks`')."""
-  train = config.train
-  microbatch = ("config.train.batch_size" if train.grad_accum_steps == 1 else
+  accum = settings.step.grad_accum_steps
+  microbatch = ("config.train.batch_size" if accum == 1 else
                 "config.train.batch_size / config.train.grad_accum_steps")
-  sharding.batch_size_per_shard(train.batch_size // train.grad_accum_steps, mesh, microbatch)
-  sharding.batch_size_per_shard(train.eval_batch_size, mesh, "config.train.eval_batch_size")
+  sharding.batch_size_per_shard(settings.batch_size // accum, mesh, microbatch)
+  sharding.batch_size_per_shard(settings.eval_batch_size, mesh, "config.train.eval_batch_size")
 
 
 def batch_spec(task: Task, batch_size: int, mesh) -> dict[str, jax.ShapeDtypeStruct]:
@@ -118,11 +107,13 @@ def memory_report(compiled) -> dict[str, float]:
   return report
 
 
-def compile_step(config, task: Task, mesh, prog: Program, log: Callable[[str], None]):
-  """The train step compiled against abstract shapes; logs time, memory and FLOPs."""
+def compile_step(batch_size: int, task: Task, mesh, prog: Program,
+                 log: Callable[[str], None]):
+  """The train step at `batch_size` rows compiled against abstract shapes; logs time, memory
+  and FLOPs."""
   start = time.time()
   compiled = prog.train_step.lower(prog.sharded_abstract_state(),
-                                   batch_spec(task, config.train.batch_size, mesh),
+                                   batch_spec(task, batch_size, mesh),
                                    jax.random.key(0)).compile()
   log(f"Compiled the train step in {time.time() - start:.1f} s on {jax.device_count()} "
       f"devices, mesh {dict(mesh.shape)}")
@@ -133,21 +124,21 @@ def compile_step(config, task: Task, mesh, prog: Program, log: Callable[[str], N
         f"about {report['total_gib']:.3f} GiB in all")
   flops_per_example = task.flops_per_example()
   if flops_per_example:
-    log(f"FLOPs per step: {config.train.batch_size * flops_per_example:.4g} (model count, all "
+    log(f"FLOPs per step: {batch_size * flops_per_example:.4g} (model count, all "
         f"devices); XLA's count {report['xla_flops_per_device']:.4g} per device")
   return compiled
 
 
-def compile_report(config, task: Task) -> dict[str, Any]:
-  """Compiles the train step of `config` on this process's mesh against abstract shapes only
+def compile_report(settings: TrainSettings, task: Task) -> dict[str, Any]:
+  """Compiles the train step of `settings` on this process's mesh against abstract shapes only
   (nothing allocated, no data read) -> per-device memory and FLOPs, to tell before a long run
   whether a config fits a chip."""
-  mesh = sharding.make_mesh(config.mesh)
-  check_mesh(config, task.model_config, mesh)
-  prog = make_program(config, task, mesh)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
+  mesh = sharding.make_mesh(settings.mesh)
+  check_mesh(settings, task.model_config, mesh)
+  prog = make_program(settings, task, mesh)
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(settings.mesh)):
     start = time.time()
-    compiled = compile_step(config, task, mesh, prog, log=lambda message: None)
+    compiled = compile_step(settings.batch_size, task, mesh, prog, log=lambda message: None)
   return {"compile_seconds": time.time() - start, "devices": jax.device_count(),
           "mesh": dict(mesh.shape), **memory_report(compiled),
-          "model_flops_per_step": config.train.batch_size * (task.flops_per_example() or 0.0)}
+          "model_flops_per_step": settings.batch_size * (task.flops_per_example() or 0.0)}

@@ -17,6 +17,7 @@ from absl import logging
 from bert_jax.models import flops
 from bert_jax.runtime import storage
 from bert_jax.runtime.metrics_writer import MetricWriter
+from bert_jax.training.settings import TrainSettings
 from bert_jax.tasks.base import Scores, Task
 
 
@@ -102,10 +103,11 @@ class Reporter:
   """The reporting of one run: `add` the metrics of finished steps, `log` a progress line,
   `validation` an evaluation; time spent evaluating is not train time (`exclude`)."""
 
-  def __init__(self, config, task: Task, writer: MetricWriter, workdir: str, first_step: int):
-    self.config, self.task, self.writer = config, task, writer
+  def __init__(self, settings: TrainSettings, task: Task, writer: MetricWriter, workdir: str,
+               first_step: int):
+    self.settings, self.task, self.writer = settings, task, writer
     self.sums, self.interval = MetricSums(task), Interval()
-    self.profiler = Profiler(config.logging.profile_steps, workdir, first_step)
+    self.profiler = Profiler(settings.profile_steps, workdir, first_step)
     self.peak = peak_flops(task)
 
   def add(self, pending: list[tuple[int, dict]]) -> None:
@@ -123,10 +125,10 @@ class Reporter:
 
   def log(self, step: int) -> dict[str, float]:
     """The interval's record (metrics.jsonl, TensorBoard) and progress line -> the record."""
-    interval, total = self.interval, self.config.train.num_train_steps
+    interval, total = self.interval, self.settings.num_train_steps
     elapsed, steps_done = time.time() - interval.start, interval.steps
     report = self.sums.report()
-    examples = steps_done * self.config.train.batch_size
+    examples = steps_done * self.settings.batch_size
     slots = examples * self.task.seq_len
     # Slots are not work: throughput and MFU count the real (non-padding) tokens.
     report["fill_rate"] = report.pop("real_tokens") / slots

@@ -1,15 +1,14 @@
 """The one trainer, for pretraining and fine-tuning alike: it runs the loop. A driver
 (`bert_jax/train.py`, `bert_jax/finetune.py`) builds a `Run` (task, data, metadata) and calls
-`train(config, workdir, run)`; each step's batch comes prefetched, the compiled step runs, and
+`train(settings, workdir, run)`; each step's batch comes prefetched, the compiled step runs, and
 at their intervals the progress is logged, the task evaluated (its best params exported) and a
 checkpoint saved; a preemption saves the step under way and stops.
 
 What the loop calls, each in its own module: `programs` (the compiled init / train / eval
 steps, mesh checks), `resume` (where the run starts: checkpoint, or fresh with pretrained
 weights), `prefetch`, `reporting` (metric sums, progress line, MFU, profiler), `evaluation`,
-`preemption`, `checkpointing` (saves, the best export). The config sections it reads: `seed`,
-`train` (batch_size, num_train_steps, log_every_steps, eval_every_steps and the fields of the
-compiled step), `data.prefetch`, `mesh`, `checkpoint` and `logging`.
+`preemption`, `checkpointing` (saves, the best export). What it reads of the run's config comes
+typed, as `settings.TrainSettings` (the driver builds it once; no ConfigDict reaches the loop).
 """
 
 import contextlib
@@ -30,6 +29,7 @@ from bert_jax.runtime.metrics_writer import MetricWriter
 from bert_jax.training.preemption import PreemptionFlag
 from bert_jax.training.prefetch import prefetched
 from bert_jax.training.reporting import Reporter
+from bert_jax.training.settings import TrainSettings
 from bert_jax.runtime.stop_signals import Interrupted
 from bert_jax.tasks.base import Task
 
@@ -53,7 +53,7 @@ class Run:
 @dataclasses.dataclass
 class _Loop:
   """The state of a running loop and its periodic actions (log, save, eval, export)."""
-  config: Any
+  settings: TrainSettings
   run: Run
   prog: programs.Program
   mesh: Any
@@ -76,7 +76,7 @@ class _Loop:
     """The task's scores over every eval batch."""
     task = self.run.task
     outputs, sums = evaluation.evaluate(params, self.prog.eval_step, self.run.eval_batches(),
-                                        self.mesh, self.config.seed, task.keeps_eval_outputs)
+                                        self.mesh, self.settings.seed, task.keeps_eval_outputs)
     return task.scores(outputs, sums, self.run.eval_data)
 
   def evaluate_and_export(self, step: int, params) -> None:
@@ -98,9 +98,9 @@ class _Loop:
 
 
 def _run_loop(loop: _Loop, state, step_key, preemption: PreemptionFlag) -> Any:
-  config, run, reporter = loop.config, loop.run, loop.reporter
-  total, step = config.train.num_train_steps, int(jax.device_get(state.step))
-  batches = prefetched(run.train_iter, loop.mesh, config.data.prefetch)
+  settings, run, reporter = loop.settings, loop.run, loop.reporter
+  total, step = settings.num_train_steps, int(jax.device_get(state.step))
+  batches = prefetched(run.train_iter, loop.mesh, settings.prefetch)
   pending = []
   while step < total:
     reporter.profiler.before_step(step)
@@ -113,14 +113,14 @@ def _run_loop(loop: _Loop, state, step_key, preemption: PreemptionFlag) -> Any:
     reporter.profiler.after_step(step, state, reporter.writer.log)
     pending.append((step, metrics))
     stop = preemption.should_stop(step)
-    log_now = step % config.train.log_every_steps == 0 or step == total
+    log_now = step % settings.log_every_steps == 0 or step == total
     save_now = loop.checkpointer.should_save(step) or step == total or stop
     if log_now or save_now:
       reporter.add(pending)  # Raises on a non-finite loss, before any save of this state.
       pending = []
     if log_now:
       loop.result["train"] = reporter.log(step)
-    if not stop and _eval_due(config, run, step):
+    if not stop and _eval_due(settings, run, step):
       eval_start = time.time()
       loop.evaluate_and_export(step, state.params)
       reporter.exclude(time.time() - eval_start)  # Evaluation is not train time.
@@ -135,50 +135,51 @@ def _run_loop(loop: _Loop, state, step_key, preemption: PreemptionFlag) -> Any:
   return state
 
 
-def _eval_due(config, run: Run, step: int) -> bool:
-  every = config.train.eval_every_steps
+def _eval_due(settings: TrainSettings, run: Run, step: int) -> bool:
+  every = settings.eval_every_steps
   return run.eval_batches is not None and (
-      step == config.train.num_train_steps or (every > 0 and step % every == 0))
+      step == settings.num_train_steps or (every > 0 and step % every == 0))
 
 
-def train(config, workdir: str, run: Run) -> dict[str, Any]:
+def train(settings: TrainSettings, workdir: str, run: Run) -> dict[str, Any]:
   """Trains `run.task` in `workdir`, resuming from its latest checkpoint. Returns the final
   train report, evaluation, best evaluation, step and state."""
-  mesh = sharding.make_mesh(config.mesh)
-  programs.check_mesh(config, run.task.model_config, mesh)
+  mesh = sharding.make_mesh(settings.mesh)
+  programs.check_mesh(settings, run.task.model_config, mesh)
   # Recorded in every checkpoint and export: a resume or init with other pieces is refused.
   run = dataclasses.replace(run, meta={
       **run.meta, "vocab_fingerprint": checkpointing.vocab_fingerprint(run.vocab)})
   with contextlib.ExitStack() as cleanup:  # Closed in reverse order, whatever happens.
     # From the start: a SIGTERM during setup stops at step 1.
-    preemption = PreemptionFlag(config.checkpoint.stop_grace_seconds)
+    preemption = PreemptionFlag(settings.checkpoint.stop_grace_seconds)
     cleanup.callback(preemption.restore)
-    checkpointer = checkpointing.Checkpointer(workdir, config.checkpoint, preemption.signals)
+    checkpointer = checkpointing.Checkpointer(workdir, settings.checkpoint, preemption.signals)
     cleanup.push(_closing(checkpointer))  # Waits for a save in flight (not after a signal).
-    resume.check_resumable(checkpointer, run.task, run.meta, config.checkpoint.allow_vocab_change)
+    resume.check_resumable(checkpointer, run.task, run.meta,
+                           settings.checkpoint.allow_vocab_change)
     best_export = (checkpointing.BestExport(workdir, preemption.signals) if run.best_metric
                    else None)
     if best_export is not None:
       cleanup.push(_closing(best_export))
-    writer = MetricWriter(workdir, config.logging.tensorboard)
+    writer = MetricWriter(workdir, settings.tensorboard)
     cleanup.push(_closing(writer))
     # Read outside the mesh context: readers may trace the model to check their shapes.
     fresh_start = checkpointer.latest_step() is None
     initial = run.initial_params() if fresh_start and run.initial_params else None
-    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(config.mesh)):
-      prog = programs.make_program(config, run.task, mesh)
-      state, data_state, best = resume.initial_state(config.seed, run.task, prog, checkpointer,
+    with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(settings.mesh)):
+      prog = programs.make_program(settings, run.task, mesh)
+      state, data_state, best = resume.initial_state(settings.seed, run.task, prog, checkpointer,
                                                      initial, run.initial_source, writer.log,
-                                                     config.to_dict())
+                                                     run.meta["config"])
       if data_state is not None:
         run.train_iter.set_state(json.loads(data_state))
-      programs.compile_step(config, run.task, mesh, prog, writer.log)
+      programs.compile_step(settings.batch_size, run.task, mesh, prog, writer.log)
       writer.log(model.attention_note(run.task.model_config))
       first_step = int(jax.device_get(state.step))
-      reporter = Reporter(config, run.task, writer, workdir, first_step)
-      loop = _Loop(config, run, prog, mesh, reporter, checkpointer, best_export, best,
+      reporter = Reporter(settings, run.task, writer, workdir, first_step)
+      loop = _Loop(settings, run, prog, mesh, reporter, checkpointer, best_export, best,
                    {"start_step": first_step})
-      state = _run_loop(loop, state, jax.random.fold_in(jax.random.key(config.seed), 2),
+      state = _run_loop(loop, state, jax.random.fold_in(jax.random.key(settings.seed), 2),
                         preemption)
       _finish(loop, state)
   return {**loop.result, "best": loop.best, "state": state}
