@@ -38,6 +38,8 @@ fi
 # XLA's GPU client takes 75% of the memory up front by default: the batch search wants more.
 export XLA_PYTHON_CLIENT_MEM_FRACTION="${XLA_PYTHON_CLIENT_MEM_FRACTION:-0.92}"
 export PYTHONUNBUFFERED=1
+# This checkout's bert_jax and configs, installed or not (the processes it starts import them).
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
 if (( dry_run )); then
   export JAX_PLATFORMS="${JAX_PLATFORMS:-cpu}"
   limit="${DEVICE_CHECK_LIMIT_S:-120}"

@@ -19,8 +19,8 @@ included). Each run appends a JSON line with the commit to --results; the table 
 end says whether every run reached --goal held-out MLM accuracy at the last step, and whether
 the environments prepared identical datasets for each seed.
 
-Run (a requirements.txt venv first: `python3.11 -m venv <req-venv> && <req-venv>/bin/pip install
--r requirements.txt`):
+Run (a venv of the README's install first: `python3.11 -m venv <req-venv> && <req-venv>/bin/pip
+install -e .`; the runs import this checkout whatever the venv has installed: PYTHONPATH):
   nice -n 10 .venv/bin/python benchmarks/quick_start.py \
       --envs=requirements=<req-venv>/bin/python,test=.venv/bin/python --seeds=0,1,2,3,4 \
       --parallel=2 --work_dir=/tmp/quick_start
@@ -115,7 +115,8 @@ def start(python: str, workdir: str, seed: int) -> subprocess.Popen:
   shutil.rmtree(workdir, ignore_errors=True)
   log = open(workdir + ".log", "w")
   return subprocess.Popen([python, *COMMAND, f"--workdir={workdir}", f"--config.seed={seed}"],
-                          cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+                          cwd=ROOT, stdout=log, stderr=subprocess.STDOUT,
+                          env={**os.environ, "PYTHONPATH": ROOT})
 
 
 def finish(env: str, python: str, seed: int, workdir: str, seconds: float, returncode: int,

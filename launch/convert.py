@@ -31,13 +31,10 @@ is read, --overwrite or not. Every input and output may be in a bucket (gs://...
 """
 
 import os
-import sys
 
 from absl import app, flags, logging
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bert_jax.runtime import cli, storage  # pylint: disable=g-import-not-at-top
+from bert_jax.runtime import cli, storage
 
 flags.DEFINE_string("from_hf", None, "HuggingFace BERT or ModernBERT directory (config.json, "
                     "model.safetensors or pytorch_model.bin, and sentencepiece.model, "

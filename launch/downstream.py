@@ -51,9 +51,7 @@ the seed, encoder, model, head, data or train) is refused in one line before any
 import os
 import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bert_jax.runtime import cli  # pylint: disable=g-import-not-at-top
+from bert_jax.runtime import cli
 from bert_jax.downstream import suite as downstream
 
 downstream.define_flags("configs/finetune_base.py")

@@ -7,14 +7,9 @@ in the same `--workdir` resumes from its latest checkpoint. The workdir gets the
 (best/), metrics.jsonl and final_eval.json; `launch/predict.py` reads it.
 """
 
-import os
-import sys
-
 from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bert_jax.runtime import cli  # pylint: disable=g-import-not-at-top
+from bert_jax.runtime import cli
 
 cli.define_flags("configs/finetune_qa.py", "Checkpoints, best params, metrics and "
                  "final_eval.json go here")

@@ -20,9 +20,7 @@ import time
 
 from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bert_jax.runtime import cli  # pylint: disable=g-import-not-at-top
+from bert_jax.runtime import cli
 
 flags.DEFINE_integer("num_processes", 2, "Processes to start.")
 flags.DEFINE_integer("devices_per_process", 4, "Forced CPU devices per process.")

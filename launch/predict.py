@@ -14,14 +14,11 @@ longer than the model reads is named in a "note:" line on stderr.
 """
 
 import json
-import os
 import sys
 
 from absl import app, flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bert_jax import tasks  # pylint: disable=g-import-not-at-top
+from bert_jax import tasks
 from bert_jax.runtime import cli
 
 # fill_mask, then one mode per fine-tuning task of the registry (classify, tag, qa, ...).

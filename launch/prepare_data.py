@@ -23,19 +23,15 @@ the same records on DirectRunner, Dataflow, Flink or Spark) the workers write it
 (ArrayRecord reads local files only): --config.data.dataset_dir=/mnt/bucket/data/books.
 """
 
-import os
 import shlex
-import sys
 
 from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bert_jax.runtime import cli  # noqa: E402
-from bert_jax.data import blocks  # noqa: E402
-from bert_jax.data import packing  # noqa: E402
-from bert_jax.data import sources  # noqa: E402
-from configs import base  # noqa: E402
+from bert_jax.runtime import cli
+from bert_jax.data import blocks
+from bert_jax.data import packing
+from bert_jax.data import sources
+from configs import base
 
 _DEFAULTS = base.get_config()
 

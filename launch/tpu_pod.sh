@@ -85,7 +85,7 @@ else
   fi
   [ -n \"\$py\" ] || { echo \"\$(hostname): error: no Python >= 3.11 on this worker (jax needs it): install one (e.g. sudo apt-get install python3.11 python3.11-venv) or set PYTHON\" >&2; exit 1; }
   \$py -m venv .venv
-  .venv/bin/pip install -q -r requirements.txt 'jax[tpu]==0.10.2'
+  .venv/bin/pip install -q -e . 'jax[tpu]==0.10.2'
 fi
 if [ -e tpu_pod.pid ] && kill -0 \"\$(cat tpu_pod.pid)\" 2>/dev/null; then
   echo \"\$(hostname): error: a run is going on here (pid \$(cat tpu_pod.pid)); stop it with launch/tpu_pod.sh --stop\" >&2; exit 1

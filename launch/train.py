@@ -6,14 +6,10 @@ same workdir resumes from its latest checkpoint. Multi-host: see docs/scale_out.
 """
 
 import json
-import os
-import sys
 
 from absl import flags
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from bert_jax.runtime import cli  # pylint: disable=g-import-not-at-top
+from bert_jax.runtime import cli
 
 cli.define_flags("configs/tiny.py", "Checkpoints, metrics and prepared data go here")
 flags.DEFINE_bool("compile_only", False, "Compile the train step against abstract shapes, print "

@@ -28,6 +28,10 @@ if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 if ROOT not in sys.path:
   sys.path.insert(0, ROOT)
+# The processes the tests start import this checkout's bert_jax and configs, also when the venv
+# has another checkout installed (`pip install -e .` elsewhere; PYTHONPATH comes first).
+os.environ["PYTHONPATH"] = os.pathsep.join(
+    [ROOT] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])
 
 # The suite runs on 2 xdist workers a file at a time (`--dist loadfile --no-loadscope-reorder`,
 # README's command). xdist's default order (most tests first) left the few-test, long files

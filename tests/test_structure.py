@@ -109,3 +109,19 @@ def test_the_top_level_holds_the_drivers_and_packages_hold_the_roles():
               if os.path.isfile(os.path.join(PACKAGE, n, "__init__.py"))}
   assert {"models", "training", "objectives", "checkpoints", "runtime", "data", "tasks",
           "weights", "downstream"} <= packages, packages
+
+
+def test_the_config_dict_stops_at_the_drivers():
+  """Below the drivers the settings are typed: the training loop, the compiled programs and the
+  checkpoints never see a ConfigDict (training/settings.py is what they read), and the launchers
+  import the installed package (pyproject.toml), with no sys.path inserts."""
+  for package in ("training", "checkpoints"):
+    for directory, _, files in os.walk(os.path.join(PACKAGE, package)):
+      for name in files:
+        if name.endswith(".py"):
+          text = open(os.path.join(directory, name)).read()
+          assert "ml_collections" not in text, f"{package}/{name} reads a ConfigDict"
+  launchers = os.path.join(ROOT, "launch")
+  for name in os.listdir(launchers):
+    if name.endswith(".py"):
+      assert "sys.path" not in open(os.path.join(launchers, name)).read(), name

@@ -289,7 +289,7 @@ def installed_sources(packages: Sequence[str] = PACKAGES) -> list[SourceFile]:
     root = next((r for r in roots if os.path.isdir(os.path.join(r, package))), None)
     if root is None:
       raise ValueError(f"{package} is not installed in {roots}: the local suite reads its "
-                       "docstrings (pip install -r requirements.txt)")
+                       "docstrings (pip install -e . installs them)")
     found = []
     for directory, dirnames, filenames in os.walk(os.path.join(root, package)):
       dirnames[:] = sorted(d for d in dirnames if d not in _SKIP_DIRS and not d.startswith("."))
