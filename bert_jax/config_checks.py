@@ -5,9 +5,11 @@ A field's own range lives in one table per config kind (`PRETRAINING_RULES` for 
 and its children, `FINETUNING_RULES` for configs/finetune_base.py and its children): dotted path
 -> check, so a new config field is one line here. A field the table does not name, or a named
 field the config lacks, is refused too, and tests/test_config_checks.py walks every leaf of both
-default configs, so "every field is checked" stays true. Relations between fields (heads divide
-the width, the batch divides into microbatches, ...) are the `*_RELATIONS` below; they run once
-every field has passed, so they may rely on types and ranges.
+default configs, so "every field is checked" stays true. Relations between fields (the batch
+divides into microbatches, ...) are the `*_RELATIONS` below; they run once every field has
+passed, so they may rely on types and ranges. The model's block names and its own relations
+(heads divide the width, ...) are defined once, in bert_jax/models/model.py (`choices`,
+`relation_problem`): a BertConfig checks them too when built, from a checkpoint as well.
 
 Ranges refuse what is broken, not what is unusual. Examples of the decisions (see the code that
 reads each field):
@@ -222,6 +224,11 @@ def label_names() -> Check:
 # -------------------------------------------------------------------------------- tables
 
 
+def _model_choice(field: str) -> Check:
+  """A model field naming an entry of its table (`model.choices()`, the one list of them)."""
+  return one_of(model.choices()[field])
+
+
 def _model_rules(vocab_size: Check, classifier_pooling: Check) -> dict[str, Check]:
   """config.model: pretraining and fine-tuning differ in vocab_size and classifier_pooling
   (fine-tuning's "auto": the checkpoint's) only."""
@@ -231,7 +238,7 @@ def _model_rules(vocab_size: Check, classifier_pooling: Check) -> dict[str, Chec
       "model.num_hidden_layers": integer(1),
       "model.num_attention_heads": integer(1),
       "model.intermediate_size": integer(1),
-      "model.hidden_act": one_of(model.ACTIVATIONS),
+      "model.hidden_act": _model_choice("hidden_act"),
       "model.hidden_dropout_prob": probability(),
       "model.attention_probs_dropout_prob": probability(),
       "model.max_position_embeddings": integer(1),
@@ -242,16 +249,16 @@ def _model_rules(vocab_size: Check, classifier_pooling: Check) -> dict[str, Chec
       "model.layer_norm_eps": number(0.0, low_open=True),
       "model.dtype": one_of(model.DTYPES),
       "model.param_dtype": one_of(model.DTYPES),
-      "model.attention_impl": one_of(model.ATTENTION_IMPLS),
+      "model.attention_impl": _model_choice("attention_impl"),
       "model.splash_block_q": splash_block(),
       "model.splash_block_kv": splash_block(),
       "model.vocab_pad_multiple": integer(1, "1: no padding"),
-      "model.dropout_rng": one_of(model.DROPOUT_RNGS),
-      "model.position_embedding": one_of(model.POSITION_BLOCKS),
-      "model.mlp": one_of(model.MLP_BLOCKS),
-      "model.norm_placement": one_of(model.NORM_PLACEMENTS),
-      "model.norm": one_of(model.NORMS),
-      "model.remat": one_of(model.REMAT_POLICIES),
+      "model.dropout_rng": _model_choice("dropout_rng"),
+      "model.position_embedding": _model_choice("position_embedding"),
+      "model.mlp": _model_choice("mlp"),
+      "model.norm_placement": _model_choice("norm_placement"),
+      "model.norm": _model_choice("norm"),
+      "model.remat": _model_choice("remat"),
       "model.scan_unroll": integer(1, "1: one repeat of the layer pattern per scan step"),
       "model.attention_bias": boolean(),
       "model.mlp_bias": boolean(),
@@ -262,7 +269,7 @@ def _model_rules(vocab_size: Check, classifier_pooling: Check) -> dict[str, Chec
       "model.local_attention": even_window(),
       "model.global_attn_every_n_layers": integer(1, "1: every layer global"),
       "model.classifier_pooling": classifier_pooling,
-      "model.initializer": one_of(model.INITIALIZERS),
+      "model.initializer": _model_choice("initializer"),
   }
 
 
@@ -317,7 +324,7 @@ PRETRAINING_RULES: dict[str, Check] = {
     "seed": _SEED,
     "init_from": string('"": a random init'),
     **_model_rules(vocab_size=integer(MIN_VOCAB_SIZE, "5 special tokens and a piece to mask"),
-                   classifier_pooling=one_of(model.POOLINGS)),
+                   classifier_pooling=_model_choice("classifier_pooling")),
     "data.source": one_of(DATA_SOURCES),
     "data.dataset_dir": string('"": none; source "prepared" needs one'),
     # [CLS] A [SEP] B [SEP]: the shortest row prepare and the synthetic source can build.
@@ -391,12 +398,10 @@ FINETUNING_RULES: dict[str, Check] = {
 # ----------------------------------------------------------------------------- relations
 
 
-def _heads_divide_width(config) -> str | None:
-  m = config.model
-  if m.hidden_size % m.num_attention_heads:
-    return (f"config.model.hidden_size={m.hidden_size} is not divisible by "
-            f"config.model.num_attention_heads={m.num_attention_heads}")
-  return None
+def _model_relations_hold(config) -> str | None:
+  """The model's own rules between its fields (`model.relation_problem`, which a BertConfig
+  checks too when it is built)."""
+  return model.relation_problem(config.model, prefix="config.model.")
 
 
 def _microbatches_divide_batch(config) -> str | None:
@@ -440,15 +445,6 @@ def _predictions_cover_a_row(config) -> str | None:
             f"hold the {needed} targets of a full row (up to {examples} examples in "
             f"max_seq_length {data.max_seq_length}, each max(1, round({name} {rate} x its "
             f"eligible tokens)) targets); set it to at least {needed}")
-  return None
-
-
-def _local_layers_have_a_pattern(config) -> str | None:
-  m = config.model
-  if m.local_attention and m.global_attn_every_n_layers < 2:
-    return (f"config.model.local_attention={m.local_attention} needs "
-            f"config.model.global_attn_every_n_layers >= 2 (it is "
-            f"{m.global_attn_every_n_layers}: every layer would be global; ModernBERT: 3)")
   return None
 
 
@@ -564,14 +560,14 @@ def _one_training_source(config) -> str | None:
 
 
 PRETRAINING_RELATIONS: tuple[Relation, ...] = (
-    _heads_divide_width, _length_fits_positions, _predictions_cover_a_row,
+    _model_relations_hold, _length_fits_positions, _predictions_cover_a_row,
     _replacements_sum_to_at_most_one, _microbatches_divide_batch, _one_inferred_mesh_axis,
-    _prepared_needs_dataset_dir, _builtin_needs_validation, _local_layers_have_a_pattern,
+    _prepared_needs_dataset_dir, _builtin_needs_validation,
     _window_fits_a_row, _span_warmup_is_mlm, _splash_blocks_divide_a_row,
     _wsd_warmup_ends_before_the_decay)
 
 FINETUNING_RELATIONS: tuple[Relation, ...] = (
-    _heads_divide_width, _local_layers_have_a_pattern, _scratch_length_fits_positions,
+    _model_relations_hold, _scratch_length_fits_positions,
     _microbatches_divide_batch,
     _one_inferred_mesh_axis, _scratch_needs_vocab, _regression_is_classification,
     _one_training_source, _splash_blocks_divide_a_row, _wsd_warmup_ends_before_the_decay)

@@ -146,24 +146,16 @@ class BertConfig:
   initializer: str = _field("auto", RUN)
 
   def __post_init__(self):
-    if self.hidden_size % self.num_attention_heads:
-      raise ValueError(f"hidden_size={self.hidden_size} is not divisible by "
-                       f"num_attention_heads={self.num_attention_heads}")
-    for name, table in (("hidden_act", ACTIVATIONS), ("position_embedding", POSITION_BLOCKS),
-                        ("mlp", MLP_BLOCKS), ("norm_placement", NORM_PLACEMENTS), ("norm", NORMS),
-                        ("dropout_rng", DROPOUT_RNGS), ("attention_impl", ATTENTION_IMPLS),
-                        ("remat", REMAT_POLICIES), ("classifier_pooling", POOLINGS),
-                        ("initializer", INITIALIZERS)):
+    for name, table in choices().items():
       if getattr(self, name) not in table:
         raise ValueError(f"{name}={getattr(self, name)!r} is not supported; use one of "
                          f"{list(table)}")
+    problem = relation_problem(self)
+    if problem:
+      raise ValueError(problem)
     if self.local_attention < 0 or self.local_attention % 2:
       raise ValueError(f"local_attention={self.local_attention} must be 0 (no local layers) or "
                        "an even window width")
-    if self.local_attention and self.global_attn_every_n_layers < 2:
-      raise ValueError(f"local_attention={self.local_attention} with global_attn_every_n_layers="
-                       f"{self.global_attn_every_n_layers}: every layer would be global; set it "
-                       "to 2 or more (ModernBERT: 3)")
     if not isinstance(self.vocab_pad_multiple, int) or self.vocab_pad_multiple < 1:
       raise ValueError(f"vocab_pad_multiple={self.vocab_pad_multiple!r} must be an integer >= 1 "
                        "(1: no padding)")
@@ -752,6 +744,33 @@ class PreNorm:
 # attention_norm, mlp_norm, dropout, layer_index) -> x`, each block a function of [B, L, H], and
 # whether the encoder ends with a norm (`final_norm`).
 NORM_PLACEMENTS = {"post": PostNorm, "pre": PreNorm}
+
+
+# ------------------------------------------------------------------------- the model's rules
+# Checked where a BertConfig is built (a config read from a checkpoint or converted from HF too)
+# and, on a config, by bert_jax/config_checks.py before anything runs: one definition each.
+
+
+def choices() -> dict[str, Any]:
+  """Each field whose value names an entry of a table of this module -> that table (a new block
+  field is a line here)."""
+  return {"hidden_act": ACTIVATIONS, "position_embedding": POSITION_BLOCKS, "mlp": MLP_BLOCKS,
+          "norm_placement": NORM_PLACEMENTS, "norm": NORMS, "dropout_rng": DROPOUT_RNGS,
+          "attention_impl": ATTENTION_IMPLS, "remat": REMAT_POLICIES,
+          "classifier_pooling": POOLINGS, "initializer": INITIALIZERS}
+
+
+def relation_problem(c, prefix: str = "") -> str | None:
+  """The first broken rule between fields of `c` (a BertConfig, or a config's model section),
+  each field named with `prefix` ("config.model." for a config), or None."""
+  if c.hidden_size % c.num_attention_heads:
+    return (f"{prefix}hidden_size={c.hidden_size} is not divisible by "
+            f"{prefix}num_attention_heads={c.num_attention_heads}")
+  if c.local_attention and c.global_attn_every_n_layers < 2:
+    return (f"{prefix}local_attention={c.local_attention} needs "
+            f"{prefix}global_attn_every_n_layers >= 2 (it is {c.global_attn_every_n_layers}: "
+            "every layer would be global; ModernBERT: 3)")
+  return None
 
 
 class Layer(nn.Module):
