@@ -88,7 +88,9 @@ def run_one(model: str, sizes: str, mesh: tuple[int, int, int], batch: int, comp
   config = sweep_config(model, sizes, mesh, batch)
   if vocab_pad_multiple is not None:
     config.model.vocab_pad_multiple = vocab_pad_multiple
-  row = {"model": model, "sizes": sizes, "mesh": "x".join(map(str, mesh)), "batch": batch,
+  from provenance import commit  # pylint: disable=import-outside-toplevel
+  row = {"commit": commit(), "model": model, "sizes": sizes, "mesh": "x".join(map(str, mesh)),
+         "batch": batch,
          "vocab_pad_multiple": config.model.vocab_pad_multiple,
          "stage": "compiled" if compile_ else "lowered"}
   start = time.time()

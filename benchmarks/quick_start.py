@@ -38,18 +38,11 @@ import subprocess
 import sys
 import time
 
+from provenance import commit
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(ROOT, "benchmarks", "results", "quick_start.jsonl")
 COMMAND = ["launch/train.py", "--config=configs/tiny.py"]
-
-
-def commit() -> str:
-  """HEAD's short hash, "+dirty" when the tree has uncommitted changes to tracked files."""
-  head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                        text=True, check=True).stdout.strip()
-  dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT,
-                         capture_output=True, text=True, check=True).stdout.strip()
-  return head + ("+dirty" if dirty else "")
 
 
 def parse_envs(text: str) -> dict[str, str]:

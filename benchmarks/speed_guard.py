@@ -33,13 +33,14 @@ import argparse
 import datetime
 import json
 import os
-import subprocess
 import sys
 import time
 
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
+from provenance import commit  # noqa: E402  (benchmarks/, put on sys.path above)
+
 RESULTS = os.path.join(REPO, "benchmarks", "results", "speed_guard.jsonl")
 STEP_SHAPES = ("small:8:128", "tiny:32:128")
 EVAL_MASK_SEED = 0
@@ -349,14 +350,6 @@ def ratio(ours: float, peer: float) -> float | None:
 
 def shown(value: float | None) -> str:
   return "-" if value is None else f"{value:.2f}x"
-
-
-def commit() -> str:
-  head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
-                        text=True).stdout.strip() or "unknown"
-  dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=REPO,
-                         capture_output=True, text=True).stdout.strip()
-  return head + ("+dirty" if dirty else "")
 
 
 def main() -> None:
