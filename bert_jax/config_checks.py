@@ -38,6 +38,7 @@ import ml_collections
 
 from bert_jax.objectives import masking as masking_lib
 from bert_jax import tasks
+from bert_jax.tasks import embedding
 from bert_jax.models import model, splash
 from bert_jax.training import optimizer, sharding
 from bert_jax.data import packing
@@ -204,6 +205,16 @@ def splash_block() -> Check:
     if _is_int(value) and value >= 0 and value % splash.LANES == 0:
       return None
     return f"must be 0 (min({splash.DEFAULT_BLOCK}, L)) or a positive multiple of {splash.LANES}"
+  return check
+
+
+def widths() -> Check:
+  """Matryoshka widths: distinct integers >= 1 (the encoder's width bounds them once loaded)."""
+  def check(value: Any) -> str | None:
+    if (isinstance(value, (tuple, list)) and all(_is_int(v) and v >= 1 for v in value)
+        and len(set(value)) == len(value)):
+      return None
+    return "must be distinct integers >= 1 (() = the full width only)"
   return check
 
 
@@ -383,6 +394,13 @@ FINETUNING_RULES: dict[str, Check] = {
     "data.version_2_with_negative": boolean(),
     "data.null_score_diff_threshold": number(-math.inf, meaning="run_squad.py's default: 0"),
     "data.prefetch": integer(0, "0: no batch ahead"),
+    "embedding.pooling": one_of(("auto", *embedding.POOLINGS)),
+    "embedding.normalize": boolean(),
+    "embedding.num_negatives": integer(0, "0: in-batch negatives only"),
+    "embedding.scale": number(0.0, low_open=True),  # 1 / temperature: a temperature > 0.
+    "embedding.symmetric": boolean(),
+    "embedding.mask_false_negatives": boolean(),
+    "embedding.matryoshka_dims": widths(),
     "train.freeze_encoder": boolean(),
     **_TRAIN_RULES,
     "train.num_train_steps": integer(0, "0: num_train_epochs over the training set"),

@@ -22,7 +22,8 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = pretraining.seed  # Root seed: head init, data order and dropout derive from it.
   config.task = "classification"  # A fine-tuning task: "classification" (or regression),
-  #                                 "tagging", "qa" (bert_jax/tasks/, tasks.FINETUNE_TASKS).
+  #                                 "tagging", "qa", "embedding" (bert_jax/tasks/,
+  #                                 tasks.FINETUNE_TASKS).
   config.init_from = pretraining.init_from  # Pretrained encoder; "" = trained from scratch.
   config.vocab = ""  # Vocabulary for a from-scratch encoder (or a checkpoint without one).
 
@@ -69,6 +70,22 @@ def get_config() -> ml_collections.ConfigDict:
   # the least over a question's windows) exceeds the best span's by more than this.
   config.data.null_score_diff_threshold = 0.0
   config.data.prefetch = pretraining.data.prefetch  # Batches prefetched to the devices.
+
+  # ---------------------------------------------------------------- embedding
+  # Task "embedding" (bert_jax/tasks/embedding.py): records {"query", "positive", "negatives"?},
+  # each text its own row of data.max_seq_length pieces.
+  config.embedding = ml_collections.ConfigDict()
+  # A text's vector: "auto" (a ModernBERT encoder's classifier_pooling, else "mean"), "mean"
+  # (over its pieces, as sentence-transformers), "cls" or "max".
+  config.embedding.pooling = "auto"
+  config.embedding.normalize = True  # L2-normalised vectors (sentence-transformers' Normalize).
+  config.embedding.num_negatives = 0  # Hard negatives read per record ("negatives"; fewer: absent).
+  config.embedding.scale = 20.0  # InfoNCE scores are scale x cos (1 / temperature; MNRL's 20).
+  config.embedding.symmetric = False  # Also rank the batch's queries for each positive (mean).
+  # Candidates whose text is the query's positive (a duplicate in the batch) are no negatives.
+  config.embedding.mask_false_negatives = False
+  # Matryoshka: the loss summed over the vectors cut to these leading widths; () = full width.
+  config.embedding.matryoshka_dims = ()
 
   # ---------------------------------------------------------------- train
   # bert_adamw and the "bert" schedule, as run_classifier.py / run_squad.py.

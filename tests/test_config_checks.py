@@ -171,6 +171,10 @@ FINETUNING_BAD = _SHARED_BAD + [
     ("train.num_train_epochs", 0.0), ("train.warmup_proportion", 1.0),
     ("data.version_2_with_negative", None), ("data.null_score_diff_threshold", math.nan),
     ("train.num_train_steps", -1),
+    ("embedding.pooling", "first"), ("embedding.normalize", None),
+    ("embedding.num_negatives", -1), ("embedding.scale", 0.0), ("embedding.scale", -20.0),
+    ("embedding.symmetric", None), ("embedding.mask_false_negatives", None),
+    ("embedding.matryoshka_dims", (64, 64)), ("embedding.matryoshka_dims", (0,)),
 ]
 
 

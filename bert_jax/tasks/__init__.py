@@ -6,13 +6,14 @@ branches on a task's name. A task defined elsewhere (a user's module, a test) jo
 
 from bert_jax.tasks.base import Scores, Task
 from bert_jax.tasks.classification import ClassificationTask
+from bert_jax.tasks.embedding import EmbeddingTask
 from bert_jax.tasks.finetuning import ENCODER, HEAD_KINDS, FinetuneSettings, FinetuneTask
 from bert_jax.tasks.pretraining import PretrainingTask
 from bert_jax.tasks.qa import QATask
 from bert_jax.tasks.tagging import TaggingTask
 
 FINETUNE_TASKS: dict[str, type[FinetuneTask]] = {
-    task.name: task for task in (ClassificationTask, TaggingTask, QATask)}
+    task.name: task for task in (ClassificationTask, TaggingTask, QATask, EmbeddingTask)}
 
 
 def register(task: type[FinetuneTask]) -> type[FinetuneTask]:
@@ -37,6 +38,7 @@ def predict_modes() -> dict[str, type[FinetuneTask]]:
   return {task.predict_mode: task for task in FINETUNE_TASKS.values()}
 
 
-__all__ = ["ENCODER", "FINETUNE_TASKS", "HEAD_KINDS", "ClassificationTask", "FinetuneSettings",
+__all__ = ["ENCODER", "FINETUNE_TASKS", "HEAD_KINDS", "ClassificationTask", "EmbeddingTask",
+           "FinetuneSettings",
            "FinetuneTask", "PretrainingTask", "QATask", "Scores", "TaggingTask", "Task",
            "finetune_task", "predict_modes", "register"]

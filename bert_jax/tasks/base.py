@@ -21,6 +21,23 @@ from bert_jax.models.model import BertConfig
 Batch = dict[str, jax.Array]
 
 
+def chunked(batch, num: int):
+  """[B, ...] -> [num, B/num, ...]; chunk j takes rows j, j+num, ... so every chunk stays spread
+  over all data-parallel devices."""
+  def split(x):
+    x = x.reshape(x.shape[0] // num, num, *x.shape[1:])
+    return jnp.swapaxes(x, 0, 1)
+  return jax.tree.map(split, batch)
+
+
+def unchunked(chunks, num: int):
+  """`chunked`'s inverse: [num, B/num, ...] -> [B, ...] in the batch's row order."""
+  def join(x):
+    x = jnp.swapaxes(x, 0, 1)
+    return x.reshape(x.shape[0] * num, *x.shape[2:])
+  return jax.tree.map(join, chunks)
+
+
 @dataclasses.dataclass
 class Scores:
   """An evaluation: the task's metrics (what a best checkpoint is picked by) and, apart, the
@@ -87,6 +104,33 @@ class Task:
 
   def loss(self, sums: dict[str, jax.Array], counts: dict[str, jax.Array]) -> jax.Array:
     return sum(sums[total] / jnp.maximum(counts[count], 1.0) for total, count in self.loss_terms)
+
+  def gradients(self, params, batch: Batch, dropout_rng: jax.Array, counts: dict[str, jax.Array],
+                num_chunks: int) -> tuple[jax.Array, dict[str, jax.Array], Any]:
+    """(loss, sums, gradients) of a whole (prepared) batch, in `num_chunks` pieces of memory
+    (config.train.grad_accum_steps). By default microbatch j takes rows j, j + num_chunks, ...
+    (spread over every data-parallel device), with dropout rng fold_in(dropout_rng, j); the
+    loss is normalised by the whole batch's `counts`, so the sum of the microbatches' gradients
+    is the batch's. A loss that couples rows (in-batch negatives) overrides this."""
+    def loss_fn(params, micro, micro_rng):
+      sums = self.loss_sums(params, micro, micro_rng)
+      return self.loss(sums, counts), sums
+
+    grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
+    if num_chunks == 1:
+      (loss, sums), grads = grad_fn(params, batch, dropout_rng)
+      return loss, sums, grads
+
+    def accumulate(carry, xs):
+      index, micro = xs
+      (loss, sums), grads = grad_fn(params, micro, jax.random.fold_in(dropout_rng, index))
+      return jax.tree.map(jnp.add, carry, (loss, sums, grads)), None
+
+    micro = chunked(batch, num_chunks)
+    shapes = jax.eval_shape(grad_fn, params, jax.tree.map(lambda x: x[0], micro), dropout_rng)
+    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (*shapes[0], shapes[1]))
+    (loss, sums, grads), _ = jax.lax.scan(accumulate, zeros, (jnp.arange(num_chunks), micro))
+    return loss, sums, grads
 
   def eval_outputs(self, params, batch: Batch) -> tuple[dict[str, jax.Array], dict[str, jax.Array]]:
     """Deterministic forward of a (prepared) eval batch -> (per-row outputs kept for host

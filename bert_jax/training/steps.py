@@ -28,22 +28,14 @@ def init_state(rng, *, task: Task, optimizer: optax.GradientTransformation) -> T
                     opt_state=optimizer.init(params))
 
 
-def _microbatches(batch: dict, num: int) -> dict:
-  """[B, ...] -> [num, B/num, ...]; microbatch j takes rows j, j+num, ... so every microbatch
-  stays spread over all data-parallel devices."""
-  def split(x):
-    x = x.reshape(x.shape[0] // num, num, *x.shape[1:])
-    return jnp.swapaxes(x, 0, 1)
-  return jax.tree.map(split, batch)
-
-
 def train_step(state: TrainState, batch: dict, rng, *, task: Task,
                optimizer: optax.GradientTransformation, schedule: optax.Schedule,
                grad_accum_steps: int = 1) -> tuple[TrainState, dict]:
   """One optimizer step on a global batch: prepare, forward, backward, clip, update.
 
-  The loss is normalised by the counts of the whole batch, so accumulating microbatch gradients
-  gives exactly the full-batch gradient. Params under `task.frozen` are carried over as they
+  The loss is normalised by the counts of the whole batch, and the task's `gradients` (by
+  default microbatch gradients accumulated over `grad_accum_steps`) give exactly the full-batch
+  gradient. Params under `task.frozen` are carried over as they
   are (bit-identical whatever the float rules). Returns metrics as sums and counts (the task's,
   real_tokens, examples) plus loss, grad_norm (of the trained params) and the learning rate used.
   """
@@ -51,26 +43,7 @@ def train_step(state: TrainState, batch: dict, rng, *, task: Task,
   prepare_rng, dropout_rng = jax.random.split(rng)
   batch = task.prepare(batch, prepare_rng, state.step)
   counts = task.loss_counts(batch)
-
-  def loss_fn(params, micro, micro_rng):
-    sums = task.loss_sums(params, micro, micro_rng)
-    return task.loss(sums, counts), sums
-
-  grad_fn = jax.value_and_grad(loss_fn, has_aux=True)
-  if grad_accum_steps == 1:
-    (loss, sums), grads = grad_fn(state.params, batch, dropout_rng)
-  else:
-    def accumulate(carry, xs):
-      index, micro = xs
-      (loss, sums), grads = grad_fn(state.params, micro, jax.random.fold_in(dropout_rng, index))
-      return jax.tree.map(jnp.add, carry, (loss, sums, grads)), None
-
-    micro = _microbatches(batch, grad_accum_steps)
-    shapes = jax.eval_shape(grad_fn, state.params, jax.tree.map(lambda x: x[0], micro),
-                            dropout_rng)
-    zeros = jax.tree.map(lambda s: jnp.zeros(s.shape, s.dtype), (*shapes[0], shapes[1]))
-    (loss, sums, grads), _ = jax.lax.scan(
-        accumulate, zeros, (jnp.arange(grad_accum_steps), micro))
+  loss, sums, grads = task.gradients(state.params, batch, dropout_rng, counts, grad_accum_steps)
 
   updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
   params = optax.apply_updates(state.params, updates)

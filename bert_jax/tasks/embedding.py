@@ -1,0 +1,319 @@
+"""Embedding models: an encoder whose pooled, optionally L2-normalised vector of a text is its
+embedding, trained contrastively (`bert_jax/objectives/contrastive.py`: InfoNCE over the whole
+global batch's documents, as sentence-transformers' MultipleNegativesRankingLoss) and evaluated
+by retrieval (`bert_jax/downstream/retrieval.py`: nDCG@10, MRR@10, recall@100, MAP).
+
+Records: {"query": ..., "positive": ..., "negatives": [...]} (JSONL or CSV; `negatives` are
+optional hard negatives, at most config.embedding.num_negatives of them are read). Every text
+is its own row of max_seq_length pieces ([CLS] text [SEP], cut to fit). A train batch row is one
+example: its query, its positive and N negative slots, [2 + N, L] (a slot with no negative
+weighs 0).
+
+Pooling (config.embedding.pooling) is "mean" (over the text's pieces, [CLS] and [SEP]
+included, as sentence-transformers' mean pooling over the attention mask), "cls" or "max";
+"auto" takes the encoder's: a ModernBERT's `classifier_pooling`, else "mean".
+
+Batches beyond memory: with config.train.grad_accum_steps = C > 1 the step is GradCache's
+(Gao et al. 2021): the embeddings of the C chunks without gradients, the loss of the whole batch
+and its gradient with respect to every embedding, then each chunk's vector-Jacobian product
+through the encoder under `lax.scan`. The gradient is the whole batch's, in-batch negatives
+included; activations are held for one chunk at a time.
+"""
+
+import dataclasses
+import zlib
+from typing import Any, ClassVar, Sequence, Self
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from bert_jax.data import finetune as finetune_data
+from bert_jax.data.finetune import Record, TaskData
+from bert_jax.data.vocab import Vocab
+from bert_jax.downstream import retrieval
+from bert_jax.models import model as model_lib
+from bert_jax.models.model import BertConfig, BertModel
+from bert_jax.objectives.contrastive import ContrastiveSettings, contrastive_sums
+from bert_jax.tasks.base import Batch, Scores, chunked, unchunked
+from bert_jax.tasks.finetuning import ENCODER, FinetuneSettings, FinetuneTask, example_weight
+
+POOLINGS = ("mean", "cls", "max")
+
+
+def pool_texts(sequence, attention_mask, pooling: str, normalize: bool):
+  """sequence [T, L, H], attention_mask [T, L] -> embeddings [T, H] f32."""
+  sequence = sequence.astype(jnp.float32)
+  mask = attention_mask.astype(jnp.float32)[..., None]  # [T, L, 1]
+  if pooling == "cls":
+    vectors = sequence[:, 0]
+  elif pooling == "mean":
+    vectors = jnp.sum(sequence * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
+  else:  # "max": over the text's pieces only.
+    vectors = jnp.max(jnp.where(mask > 0, sequence, jnp.finfo(jnp.float32).min), axis=1)
+  if normalize:
+    vectors = vectors / jnp.maximum(jnp.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+  return vectors
+
+
+class BertForEmbedding(nn.Module):
+  """The encoder (params["bert"], no pooler) and the pooling: ids [T, L] -> [T, H] f32."""
+  config: BertConfig
+  pooling: str
+  normalize: bool
+
+  @nn.compact
+  def __call__(self, input_ids, attention_mask, deterministic: bool = True):
+    sequence, _ = BertModel(self.config, add_pooling_layer=False, name=ENCODER)(
+        input_ids, None, attention_mask, deterministic)
+    return pool_texts(sequence, attention_mask, self.pooling, self.normalize)
+
+
+def resolve_pooling(pooling: str, model_config: BertConfig) -> str:
+  """config.embedding.pooling with "auto" decided by the encoder."""
+  if pooling != "auto":
+    return pooling
+  return model_config.classifier_pooling if model_lib.is_modernbert(model_config) else "mean"
+
+
+def text_hash(ids: Sequence[int]) -> int:
+  """A text's identity for false-negative masking: CRC-32 of its pieces, as int32."""
+  value = zlib.crc32(np.asarray(ids, np.int32).tobytes())
+  return value - (1 << 32) if value >= 1 << 31 else value
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingSettings(FinetuneSettings):
+  pooling: str  # "mean", "cls" or "max" (resolved).
+  normalize: bool  # L2-normalised embeddings (sentence-transformers' Normalize module).
+  num_negatives: int  # N: hard-negative slots per example.
+  scale: float
+  symmetric: bool
+  mask_false_negatives: bool
+  matryoshka_dims: tuple[int, ...]
+
+  @classmethod
+  def config_values(cls, config) -> dict[str, Any]:
+    e = config.embedding
+    return {**super().config_values(config), "pooling": e.pooling, "normalize": e.normalize,
+            "num_negatives": e.num_negatives, "scale": float(e.scale),
+            "symmetric": e.symmetric, "mask_false_negatives": e.mask_false_negatives,
+            "matryoshka_dims": tuple(int(d) for d in e.matryoshka_dims)}
+
+  @classmethod
+  def from_config(cls, config, labels: Sequence[str], model_config: BertConfig) -> Self:
+    settings = super().from_config(config, labels, model_config)
+    widest = max(settings.matryoshka_dims, default=0)
+    if widest > model_config.hidden_size:
+      raise ValueError(f"config.embedding.matryoshka_dims={list(settings.matryoshka_dims)} has "
+                       f"{widest}, wider than the encoder's hidden_size={model_config.hidden_size}")
+    return dataclasses.replace(settings, pooling=resolve_pooling(settings.pooling, model_config))
+
+  @property
+  def contrastive(self) -> ContrastiveSettings:
+    return ContrastiveSettings(self.scale, self.symmetric, self.mask_false_negatives,
+                               self.matryoshka_dims)
+
+
+@dataclasses.dataclass(frozen=True)
+class EmbeddingTask(FinetuneTask):
+  """Contrastive training of text embeddings; evaluation by retrieval over the validation set."""
+  settings: EmbeddingSettings
+
+  name = "embedding"
+  settings_class = EmbeddingSettings
+  predict_mode = "embed"
+  text_b = "unused"
+  loss_terms = (("contrastive_loss_sum", "contrastive_count"),)
+  log_keys = ("contrastive_accuracy",)
+  input_names = ("input_ids", "attention_mask")
+
+  @property
+  def model(self) -> BertForEmbedding:
+    return BertForEmbedding(self.model_config, self.settings.pooling, self.settings.normalize)
+
+  @property
+  def slots(self) -> int:
+    """Texts per example: the query, the positive and N negative slots."""
+    return 2 + self.settings.num_negatives
+
+  def example_inputs(self) -> tuple:
+    ids = jnp.zeros((1, self.settings.max_seq_length), jnp.int32)
+    return ids, ids
+
+  def batch_signature(self) -> dict[str, tuple[tuple[int, ...], Any]]:
+    texts, length = self.slots, self.settings.max_seq_length
+    return {"input_ids": ((texts, length), jnp.int32),
+            "attention_mask": ((texts, length), jnp.int32),
+            "text_weight": ((texts,), jnp.float32), "text_hash": ((texts,), jnp.int32)}
+
+  # ------------------------------------------------------------ inside the jitted step
+  def embed(self, params, batch: Batch, dropout_rng) -> jax.Array:
+    """Examples [B, 2 + N, L] -> their texts' embeddings [B, 2 + N, H] f32."""
+    ids, mask = batch["input_ids"], batch["attention_mask"]
+    rows, texts, length = ids.shape
+    rngs = None if dropout_rng is None else {"dropout": dropout_rng}
+    vectors = self.model.apply({"params": params}, ids.reshape(rows * texts, length),
+                               mask.reshape(rows * texts, length),
+                               deterministic=dropout_rng is None, rngs=rngs)
+    return vectors.reshape(rows, texts, -1)
+
+  def sums_from_embeddings(self, embeddings, batch: Batch) -> dict[str, jax.Array]:
+    """[B, 2 + N, H] embeddings of the whole batch -> the contrastive sums."""
+    weights, hashes = batch["text_weight"], batch["text_hash"]
+    return contrastive_sums(
+        embeddings[:, 0], embeddings[:, 1], embeddings[:, 2:],
+        example_weight(batch) * weights[:, 1], weights[:, 2:], self.settings.contrastive,
+        (hashes[:, 0], hashes[:, 1], hashes[:, 2:]))
+
+  def loss_counts(self, batch: Batch) -> dict[str, jax.Array]:
+    return {"contrastive_count": jnp.sum(example_weight(batch) * batch["text_weight"][:, 1])}
+
+  def loss_sums(self, params, batch: Batch, dropout_rng) -> dict[str, jax.Array]:
+    return self.sums_from_embeddings(self.embed(params, batch, dropout_rng), batch)
+
+  def gradients(self, params, batch: Batch, dropout_rng, counts, num_chunks: int):
+    """One pass (num_chunks 1), or GradCache over `num_chunks` chunks: the same loss and
+    gradient, the negatives of the whole batch either way (the module docstring)."""
+    if num_chunks == 1:
+      return super().gradients(params, batch, dropout_rng, counts, 1)
+    inputs = {name: batch[name] for name in self.input_names}
+    chunks = chunked(inputs, num_chunks)  # [C, B/C, 2 + N, L]
+    indices = jnp.arange(num_chunks)
+
+    def embed_chunk(params, chunk, index):
+      return self.embed(params, chunk, jax.random.fold_in(dropout_rng, index))
+
+    # 1. Every chunk's embeddings, no activations kept.
+    embedded = jax.lax.map(lambda xs: embed_chunk(params, xs[0], xs[1]), (chunks, indices))
+    embeddings = unchunked(jax.lax.stop_gradient(embedded), num_chunks)  # [B, 2 + N, H]
+
+    # 2. The whole batch's loss and its gradient with respect to each embedding.
+    def loss_of(embeddings):
+      sums = self.sums_from_embeddings(embeddings, batch)
+      return self.loss(sums, counts), sums
+
+    (loss, sums), embedding_grads = jax.value_and_grad(loss_of, has_aux=True)(embeddings)
+
+    # 3. Each chunk's vector-Jacobian product through the encoder, accumulated.
+    def accumulate(total, xs):
+      chunk, index, cotangent = xs
+      _, pullback = jax.vjp(lambda p: embed_chunk(p, chunk, index), params)
+      return jax.tree.map(jnp.add, total, pullback(cotangent)[0]), None
+
+    zeros = jax.tree.map(jnp.zeros_like, params)
+    grads, _ = jax.lax.scan(accumulate, zeros,
+                            (chunks, indices, chunked(embedding_grads, num_chunks)))
+    return loss, sums, grads
+
+  def eval_outputs(self, params, batch: Batch) -> tuple[dict, dict]:
+    embeddings = self.embed(params, batch, None)
+    return {"embeddings": embeddings}, self.sums_from_embeddings(embeddings, batch)
+
+  # ------------------------------------------------------------ on the host
+  def report(self, sums: dict[str, float]) -> dict[str, float]:
+    return {"contrastive_accuracy": sums["contrastive_correct_sum"]
+            / max(sums["contrastive_count"], 1.0)}
+
+  @classmethod
+  def labels_from(cls, records: Sequence[Record], config) -> list[str]:
+    del records, config
+    return []
+
+  def encode(self, records: Sequence[Record], vocab: Vocab, with_labels: bool = True,
+             is_training: bool = False) -> TaskData:
+    """Each record -> [2 + N, L] rows (query, positive, negatives), weights and text hashes;
+    examples keep the texts' hashes (retrieval's document ids)."""
+    del with_labels, is_training
+    length, texts = self.settings.max_seq_length, self.slots
+    columns = [[self._text(r, "query"), self._text(r, "positive")] + self._negatives(r)
+               for r in records]
+    flat = [text for column in columns for text in column]
+    pieces = vocab.encode_batch(flat)
+    truncated = sum(len(p) + 2 > length for p in pieces)
+    ids = np.zeros((len(records), texts, length), np.int32)
+    mask = np.zeros_like(ids)
+    weight = np.zeros((len(records), texts), np.float32)
+    hashes = np.zeros((len(records), texts), np.int32)
+    position = 0
+    for row, column in enumerate(columns):
+      for slot in range(len(column)):
+        body = pieces[position][:length - 2]
+        position += 1
+        row_ids = [vocab.cls_id, *body, vocab.sep_id]
+        ids[row, slot, :len(row_ids)] = row_ids
+        mask[row, slot, :len(row_ids)] = 1
+        weight[row, slot] = 1.0
+        hashes[row, slot] = text_hash(row_ids)
+    examples = [{"line": r[1], "hashes": hashes[i].tolist(), "texts": len(columns[i])}
+                for i, r in enumerate(records)]
+    arrays = {"input_ids": ids, "attention_mask": mask, "text_weight": weight,
+              "text_hash": hashes}
+    return TaskData(records[0][0], arrays, examples, truncated)
+
+  def initial_params(self, pretrained: dict) -> dict:
+    return {ENCODER: super().initial_params(pretrained)[ENCODER]}  # No head: the encoder alone.
+
+  @staticmethod
+  def _text(record: Record, name: str) -> str:
+    value = finetune_data.field(record, name)
+    if not value.strip():
+      raise ValueError(f"{finetune_data.where(record)}: field {name!r} is empty")
+    return value
+
+  def _negatives(self, record: Record) -> list[str]:
+    value = record[2].get("negatives") or []
+    if isinstance(value, str):
+      value = [value]
+    if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+      raise ValueError(f"{finetune_data.where(record)}: field 'negatives' should be a list of "
+                       "strings")
+    for text in value:
+      if not text.strip():
+        raise ValueError(f"{finetune_data.where(record)}: an empty hard negative")
+    return value[:self.settings.num_negatives]
+
+  def predictions(self, outputs: dict[str, np.ndarray], data: TaskData) -> list[dict[str, Any]]:
+    """{"embedding"} of each example's query."""
+    del data
+    return [{"embedding": row[0].tolist()} for row in outputs["embeddings"]]
+
+  def score(self, predicted, data: TaskData) -> dict[str, float]:
+    raise NotImplementedError  # `scores` ranks the validation documents itself.
+
+  def scores(self, outputs: dict[str, np.ndarray], sums: dict[str, float],
+             data: TaskData) -> Scores:
+    """Retrieval over the validation set: each query against every distinct document text of
+    it (positives and hard negatives), its positive the relevant one."""
+    embeddings = outputs["embeddings"]  # [E, 2 + N, H]
+    documents: dict[int, np.ndarray] = {}
+    qrels, query_vectors = {}, []
+    for e, example in enumerate(data.examples):
+      hashes = example["hashes"]
+      for slot in range(1, example["texts"]):
+        documents.setdefault(hashes[slot], embeddings[e, slot])
+      qrels[f"q{e}"] = {str(hashes[1]): 1}
+      query_vectors.append(embeddings[e, 0])
+    doc_ids = list(documents)
+    scores, indices = retrieval.search(np.stack(query_vectors), np.stack(list(documents.values())),
+                                       k=100)
+    run = retrieval.run_from_search(list(qrels), [str(d) for d in doc_ids], scores, indices)
+    means, _ = retrieval.evaluate(qrels, run)
+    loss = sums["contrastive_loss_sum"] / max(sums["contrastive_count"], 1.0)
+    return Scores({"loss": loss, **means}, {"examples": len(data.examples),
+                                           "documents": len(doc_ids)})
+
+  def metric_names(self) -> list[str] | None:
+    return sorted({"loss", *retrieval.METRICS})
+
+  def main_metric(self) -> str:
+    return "ndcg@10"
+
+  def describe(self, split: str, data: TaskData) -> str:
+    return (f"{split}: {len(data)} examples from {data.source} ({self.slots} texts each); "
+            f"{data.num_truncated} texts longer than max_seq_length="
+            f"{self.settings.max_seq_length} were truncated")
+
+  def flops_per_example(self) -> float | None:
+    return None
