@@ -203,9 +203,7 @@ def _log_setup(config, task: tasks.FinetuneTask, encoder: Encoder,
   console(f"Task {task.name}: encoder from {encoder.source} ({c.num_hidden_layers} layers, "
           f"width {c.hidden_size}, vocabulary {encoder.vocab.kind} of {encoder.vocab.size})")
   followed = config.model.classifier_pooling == POOLING_OF_CHECKPOINT and config.init_from
-  console(f"Head: {task.hf_architecture or task.name}'s, dropout "
-          f"{task.settings.head_dropout_prob:g}, pooling {c.classifier_pooling}"
-          + (" (the checkpoint's)" if followed else ""))
+  console(task.describe_head(c.classifier_pooling, bool(followed)))
   if task.describe_labels():
     console(task.describe_labels())
   for name, data in (("train", train_data), ("validation", validation)):

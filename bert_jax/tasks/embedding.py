@@ -134,6 +134,11 @@ class EmbeddingTask(FinetuneTask):
     return BertForEmbedding(self.model_config, self.settings.pooling, self.settings.normalize)
 
   @property
+  def seq_len(self) -> int:
+    """Token slots per batch row: its 2 + N texts of max_seq_length (throughput, fill rate)."""
+    return self.slots * self.settings.max_seq_length
+
+  @property
   def slots(self) -> int:
     """Texts per example: the query, the positive and N negative slots."""
     return 2 + self.settings.num_negatives
@@ -309,6 +314,15 @@ class EmbeddingTask(FinetuneTask):
 
   def main_metric(self) -> str:
     return "ndcg@10"
+
+  def describe_head(self, pooling: str, followed: bool) -> str:
+    del pooling, followed  # The encoder's classifier pooling plays no part.
+    s = self.settings
+    return (f"Embeddings: {s.pooling} pooling{', L2-normalised' if s.normalize else ''}; "
+            f"InfoNCE at scale {s.scale:g} over the global batch, {s.num_negatives} hard "
+            f"negative slot(s){', symmetric' if s.symmetric else ''}"
+            f"{', false negatives masked' if s.mask_false_negatives else ''}"
+            + (f", Matryoshka widths {list(s.matryoshka_dims)}" if s.matryoshka_dims else ""))
 
   def describe(self, split: str, data: TaskData) -> str:
     return (f"{split}: {len(data)} examples from {data.source} ({self.slots} texts each); "

@@ -293,6 +293,13 @@ class FinetuneTask(Task):
     return (f"{split}: {len(data)} examples from {data.source}; {data.num_truncated} longer "
             f"than max_seq_length={self.settings.max_seq_length} were truncated")
 
+  def describe_head(self, pooling: str, followed: bool) -> str:
+    """The log line on the head: its form, dropout and the encoder's pooling (`followed`: the
+    checkpoint's own)."""
+    return (f"Head: {self.hf_architecture or self.name}'s, dropout "
+            f"{self.settings.head_dropout_prob:g}, pooling {pooling}"
+            + (" (the checkpoint's)" if followed else ""))
+
   def describe_labels(self) -> str | None:
     """A log line on the label set, None for a task without labels."""
     labels = self.settings.labels
