@@ -10,6 +10,7 @@ r"""Converts pretrained BERTs between HuggingFace, TensorFlow (google-research/b
   # fine-tuning workdir -> HF's task model (BertForSequenceClassification, ...) with its labels;
   # --encoder_only: the encoder alone, the task head left out
   python launch/convert.py --from_bert_jax=runs/sst --to_hf=export/sst
+  python launch/convert.py --from_bert_jax=runs/embed --to_sentence_transformers=export/embed
 
 HuggingFace means BERT (model_type "bert") or ModernBERT (model_type "modernbert": bert_jax's
 modern encoder, rotary / GeGLU / pre-LN / local attention), both ways; --to_hf picks the one
@@ -50,6 +51,8 @@ flags.DEFINE_bool("encoder_only", False, "With --from_bert_jax of a fine-tuning 
                   "its encoder alone (the task head left out), not the task model.")
 flags.DEFINE_string("to_hf", None, "HuggingFace directory to write (with --from_bert_jax): "
                     "BERT, or ModernBERT for the modern encoder.")
+flags.DEFINE_string("to_sentence_transformers", None, "sentence-transformers directory to write "
+                    "(with --from_bert_jax of an embedding run: config.task='embedding').")
 flags.DEFINE_string("bert_config", None, "bert_config.json for --from_tf (default: beside the "
                     "checkpoint).")
 flags.DEFINE_string("vocab", None, "vocab.txt for --from_tf (default: beside the checkpoint).")
@@ -68,8 +71,13 @@ def _check_flags(flag_values) -> str:
     raise app.UsageError("Give exactly one of --from_hf, --from_tf, --from_bert_jax")
   mode = modes[0]
   if mode == "from_bert_jax":
-    if not flag_values.to_hf or flag_values.output_dir:
-      raise app.UsageError("--from_bert_jax needs --to_hf=OUTPUT_DIR (and no --output_dir)")
+    outputs = [f"--{name}" for name in ("to_hf", "to_sentence_transformers", "output_dir")
+               if flag_values[name].value]
+    if outputs not in (["--to_hf"], ["--to_sentence_transformers"]):
+      raise app.UsageError("--from_bert_jax needs one of --to_hf=OUTPUT_DIR or "
+                           "--to_sentence_transformers=OUTPUT_DIR (and no --output_dir)")
+    if flag_values.to_sentence_transformers and flag_values.encoder_only:
+      raise app.UsageError("--encoder_only is for --to_hf")
     ignored = [f"--{name}" for name in ("bert_config", "vocab", "note")
                if flag_values[name].value] + (
                    ["--lowercase"] if flag_values.lowercase != "auto" else [])
@@ -77,8 +85,9 @@ def _check_flags(flag_values) -> str:
       raise app.UsageError(f"{', '.join(ignored)}: not used with --from_bert_jax (the export "
                            "keeps the checkpoint's config and vocabulary)")
     return mode
-  if not flag_values.output_dir or flag_values.to_hf:
-    raise app.UsageError(f"--{mode} needs --output_dir=OUTPUT_DIR (and no --to_hf)")
+  if not flag_values.output_dir or flag_values.to_hf or flag_values.to_sentence_transformers:
+    raise app.UsageError(f"--{mode} needs --output_dir=OUTPUT_DIR (and no --to_hf or "
+                         "--to_sentence_transformers)")
   if flag_values.encoder_only:
     raise app.UsageError("--encoder_only is for --from_bert_jax (a fine-tuning workdir)")
   if mode == "from_hf" and (flag_values.bert_config or flag_values.vocab):
@@ -116,13 +125,20 @@ def _convert(flag_values) -> str:
 
   # Before anything is read or written: an output that is, holds or lies inside an input would
   # delete it (--overwrite) or mix the conversion's files with it.
-  output_flag = "--to_hf" if mode == "from_bert_jax" else "--output_dir"
-  output = flag_values.to_hf if mode == "from_bert_jax" else flag_values.output_dir
+  output_flag = ("--output_dir" if mode != "from_bert_jax" else
+                 "--to_sentence_transformers" if flag_values.to_sentence_transformers else
+                 "--to_hf")
+  output = ((flag_values.to_hf or flag_values.to_sentence_transformers)
+            if mode == "from_bert_jax" else flag_values.output_dir)
   files.check_apart(output, _inputs(flag_values, mode), output_flag)
   lowercase = {"auto": None, "true": True, "false": False}[flag_values.lowercase]
   if mode == "from_bert_jax":
     from bert_jax.weights import hf_export  # pylint: disable=g-import-not-at-top
 
+    if flag_values.to_sentence_transformers:
+      written = hf_export.export_sentence_transformers(
+          flag_values.from_bert_jax, flag_values.to_sentence_transformers, flag_values.overwrite)
+      return f"Wrote {written} to {flag_values.to_sentence_transformers}"
     if not flag_values.encoder_only and hf_export.is_finetuned(flag_values.from_bert_jax):
       architecture = hf_export.export(flag_values.from_bert_jax, flag_values.to_hf,
                                       flag_values.overwrite)

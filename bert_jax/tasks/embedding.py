@@ -11,7 +11,8 @@ weighs 0).
 
 Pooling (config.embedding.pooling) is "mean" (over the text's pieces, [CLS] and [SEP]
 included, as sentence-transformers' mean pooling over the attention mask), "cls" or "max";
-"auto" takes the encoder's: a ModernBERT's `classifier_pooling`, else "mean".
+"auto" takes the encoder's: a sentence-transformers directory's Pooling and Normalize modules,
+a ModernBERT's `classifier_pooling`, else "mean".
 
 Batches beyond memory: with config.train.grad_accum_steps = C > 1 the step is GradCache's
 (Gao et al. 2021): the embeddings of the C chunks without gradients, the loss of the whole batch
@@ -38,6 +39,7 @@ from bert_jax.models.model import BertConfig, BertModel
 from bert_jax.objectives.contrastive import ContrastiveSettings, contrastive_sums
 from bert_jax.tasks.base import Batch, Scores, chunked, unchunked
 from bert_jax.tasks.finetuning import ENCODER, FinetuneSettings, FinetuneTask, example_weight
+from bert_jax.weights import sentence_transformers_dir as st_dir
 
 POOLINGS = ("mean", "cls", "max")
 
@@ -108,6 +110,9 @@ class EmbeddingSettings(FinetuneSettings):
     if widest > model_config.hidden_size:
       raise ValueError(f"config.embedding.matryoshka_dims={list(settings.matryoshka_dims)} has "
                        f"{widest}, wider than the encoder's hidden_size={model_config.hidden_size}")
+    if settings.pooling == "auto" and st_dir.is_sentence_transformers(config.init_from):
+      pooling, normalize = st_dir.pooling_of(config.init_from)  # The directory's own modules.
+      return dataclasses.replace(settings, pooling=pooling, normalize=normalize)
     return dataclasses.replace(settings, pooling=resolve_pooling(settings.pooling, model_config))
 
   @property
@@ -212,6 +217,13 @@ class EmbeddingTask(FinetuneTask):
                             (chunks, indices, chunked(embedding_grads, num_chunks)))
     return loss, sums, grads
 
+  def apply(self, params, batch: Batch, dropout_rng):
+    """Rows of any number of texts [B, T, L] -> embeddings [B, T, H] (prediction: T = 1)."""
+    return self.embed(params, batch, dropout_rng)
+
+  def outputs(self, raw) -> dict[str, jax.Array]:
+    return {"embeddings": raw}
+
   def eval_outputs(self, params, batch: Batch) -> tuple[dict, dict]:
     embeddings = self.embed(params, batch, None)
     return {"embeddings": embeddings}, self.sums_from_embeddings(embeddings, batch)
@@ -229,11 +241,16 @@ class EmbeddingTask(FinetuneTask):
   def encode(self, records: Sequence[Record], vocab: Vocab, with_labels: bool = True,
              is_training: bool = False) -> TaskData:
     """Each record -> [2 + N, L] rows (query, positive, negatives), weights and text hashes;
-    examples keep the texts' hashes (retrieval's document ids)."""
-    del with_labels, is_training
-    length, texts = self.settings.max_seq_length, self.slots
-    columns = [[self._text(r, "query"), self._text(r, "positive")] + self._negatives(r)
-               for r in records]
+    examples keep the texts' hashes (retrieval's document ids). For prediction
+    (`with_labels` False) a record is {"text"}: one [1, L] row, its embedding."""
+    del is_training
+    length = self.settings.max_seq_length
+    if with_labels:
+      texts = self.slots
+      columns = [[self._text(r, "query"), self._text(r, "positive")] + self._negatives(r)
+                 for r in records]
+    else:
+      texts, columns = 1, [[self._text(r, "text")] for r in records]
     flat = [text for column in columns for text in column]
     pieces = vocab.encode_batch(flat)
     truncated = sum(len(p) + 2 > length for p in pieces)
@@ -279,8 +296,16 @@ class EmbeddingTask(FinetuneTask):
         raise ValueError(f"{finetune_data.where(record)}: an empty hard negative")
     return value[:self.settings.num_negatives]
 
+  def truncation_note(self, record: Record, vocab: Vocab) -> str | None:
+    pieces = len(vocab.encode(finetune_data.field(record, "text"))) + 2
+    length = self.settings.max_seq_length
+    if pieces <= length:
+      return None
+    return (f"the text has {pieces} pieces with [CLS] and [SEP]; the model reads the first "
+            f"{length} (max_seq_length)")
+
   def predictions(self, outputs: dict[str, np.ndarray], data: TaskData) -> list[dict[str, Any]]:
-    """{"embedding"} of each example's query."""
+    """{"embedding"} of each record's text (of each example's query, for training records)."""
     del data
     return [{"embedding": row[0].tolist()} for row in outputs["embeddings"]]
 

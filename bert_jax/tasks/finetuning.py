@@ -86,7 +86,8 @@ class FinetuneSettings:
     """The settings a checkpoint's task meta recorded (`FinetuneTask.meta`)."""
     meta = {"head": "bert", **meta}
     values = {f.name: meta[f.name] for f in dataclasses.fields(cls)}
-    return cls(**{**values, "labels": tuple(values["labels"])})
+    # JSON gave lists: settings are hashable (a task keys the compiled programs).
+    return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
 
 def head_dense(config: BertConfig, features: int, name: str) -> nn.Dense:
