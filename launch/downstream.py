@@ -9,6 +9,8 @@ of a suite over a grid of learning rates and seeds, and tabulates the dev scores
       --seeds=3 --output_dir=runs/squad1
   python launch/downstream.py --checkpoint=runs/tiny --suite=local --output_dir=runs/local \
       --config.train.num_train_epochs=1
+  python launch/downstream.py --checkpoint=runs/embed --suite=beir --data_dir=beir/scifact \
+      --output_dir=runs/beir_scifact
 
 Flags:
 - `--checkpoint`: the encoder, anything `config.init_from` takes (a bert_jax pretraining or
@@ -17,7 +19,11 @@ Flags:
 - `--suite`: `glue` (CoLA, SST-2, MRPC, QQP, STS-B, MNLI, QNLI, RTE from TFDS `glue/*`; WNLI left
   out, as BERT did), `squad1` (TFDS `squad/v1.1`), `squad2` (`squad/v2.0`, questions without an
   answer), `local` (`bert_jax/data/local_suite.py`: offline tasks built from installed
-  docstrings). `--tasks=cola,sst2` runs some of them, in that order.
+  docstrings). `--tasks=cola,sst2` runs some of them, in that order. `beir`: zero-shot retrieval
+  of an embedding model (an embedding run, a sentence-transformers or HF directory) on
+  `--data_dir`, a task in BEIR's layout (corpus.jsonl, queries.jsonl, qrels/test.tsv) or a
+  directory of them (`bert_jax/downstream/beir.py`): nDCG@10, MRR@10, recall@100 and MAP in
+  results.json and results.md; nothing is fine-tuned.
 - `--learning_rates` (default BERT's grid 2e-5,3e-5,4e-5,5e-5) and `--seeds` (default 5: seeds
   0-4): one run per (task, learning rate, seed).
 - `--output_dir`: `runs/<task>/lr<lr>_seed<seed>/` (each a `launch/finetune.py` workdir:

@@ -56,7 +56,7 @@ E2E_FILES = (
     "test_convert_predict_guards.py", "test_data_guards.py", "test_mesh_sweep.py",
     "test_cloud_storage.py", "test_launchers.py", "test_docs.py", "test_interop.py",
     "test_interop_modern.py", "test_hf_heads.py", "test_layout.py", "test_train_step.py",
-    "test_pipeline.py", "test_sentence_transformers.py")
+    "test_pipeline.py", "test_sentence_transformers.py", "test_beir.py")
 # Single end-to-end tests in otherwise unit files: many steps against a reference.
 E2E_TESTS = (
     "test_optimizer.py::test_lamb_trust_ratio_is_per_layer_of_the_stacked_encoder",

@@ -702,7 +702,10 @@ def define_flags(default_config: str) -> None:
       lock_config=True)
   flags.DEFINE_string("checkpoint", None, "The pretrained encoder: anything config.init_from "
                       "takes (bert_jax workdir or pretrained dir, HuggingFace dir, TF checkpoint).")
-  flags.DEFINE_string("suite", None, f"One of {', '.join(suites.SUITES)}.")
+  flags.DEFINE_string("suite", None, f"One of {', '.join(suites.SUITES)}, or beir (zero-shot "
+                      "retrieval of an embedding model on --data_dir).")
+  flags.DEFINE_string("data_dir", "", "--suite=beir: a task in BEIR's layout (corpus.jsonl, "
+                      "queries.jsonl, qrels/test.tsv), or a directory of such tasks.")
   flags.DEFINE_list("tasks", [], "Tasks of the suite to run (default: all), e.g. cola,sst2.")
   flags.DEFINE_string("learning_rates", DEFAULT_LEARNING_RATES, "Learning rates to try.")
   flags.DEFINE_integer("seeds", 5, "Seeds per learning rate (0 .. seeds - 1).")
@@ -726,10 +729,28 @@ def with_default_config(argv: Sequence[str]) -> list[str]:
   return argv
 
 
+def _run_beir(f) -> dict[str, Any]:
+  """--suite=beir: zero-shot retrieval (`downstream/beir.py`); the fine-tuning flags refused."""
+  from bert_jax.downstream import beir  # pylint: disable=import-outside-toplevel
+  if not f.data_dir:
+    raise app.UsageError("--suite=beir needs --data_dir (a task in BEIR's layout, or a "
+                         "directory of them)")
+  changed = [f"--{name}" for name in ("learning_rates", "seeds", "devices_per_run")
+             if f[name].present]
+  if changed:
+    raise app.UsageError(f"{', '.join(changed)}: not used by --suite=beir (zero-shot: nothing "
+                         "is fine-tuned)")
+  return beir.run(f.checkpoint, f.data_dir, f.output_dir, f.tasks)
+
+
 def run_from_flags(argv: Sequence[str]) -> dict[str, Any] | None:
   """The launcher's main: the flags checked (a bad one: app.UsageError naming it), then
   `run_suite`. `argv` starts a device group's process (the launcher and its arguments)."""
   f = flags.FLAGS
+  if f.suite == "beir":
+    return _run_beir(f)
+  if f.data_dir:
+    raise app.UsageError(f"--data_dir is for --suite=beir, not --suite={f.suite}")
   try:
     options = parse_options(f.checkpoint, f.suite, f.tasks, f.learning_rates, f.seeds,
                             f.output_dir, f.devices_per_run, f.run_group)

@@ -1,0 +1,88 @@
+"""Zero-shot retrieval suites in BEIR's layout (bert_jax/downstream/beir.py, `launch/downstream.py
+--suite=beir`), on local files: the layout read as BEIR's, the metrics of exact search over the
+model's embeddings, a table; bad layouts refused in one line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from bert_jax import finetune
+from bert_jax.downstream import beir, retrieval
+from tests.suite_flags import xla_flags
+from tests.test_embedding import DOC_WORDS, FILLER, QUERY_WORDS, _pairs_config
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+
+
+def _write_task(directory, with_header=True):
+  """The 24 (query, positive) pairs of tests/test_embedding.py in BEIR's layout, with 24
+  distractor documents."""
+  os.makedirs(os.path.join(directory, "qrels"), exist_ok=True)
+  with open(os.path.join(directory, "corpus.jsonl"), "w") as f:
+    for i, d in enumerate(DOC_WORDS):
+      f.write(json.dumps({"_id": f"doc{i}", "title": FILLER[(i + 1) % 6],
+                          "text": f"{d} {FILLER[(i + 2) % 6]}"}) + "\n")
+      f.write(json.dumps({"_id": f"other{i}", "text": f"{DOC_WORDS[(i + 5) % 24]} "
+                                                        f"{FILLER[(i + 3) % 6]}"}) + "\n")
+  with open(os.path.join(directory, "queries.jsonl"), "w") as f:
+    for i, q in enumerate(QUERY_WORDS):
+      f.write(json.dumps({"_id": f"q{i}", "text": f"{q} {FILLER[i % 6]}"}) + "\n")
+    f.write(json.dumps({"_id": "unjudged", "text": "the"}) + "\n")
+  with open(os.path.join(directory, "qrels", "test.tsv"), "w") as f:
+    f.write("query-id\tcorpus-id\tscore\n" if with_header else "")
+    f.writelines(f"q{i}\tdoc{i}\t1\n" for i in range(24))
+
+
+def test_the_layout_is_read_as_beir_reads_it(tmp_path):
+  _write_task(tmp_path / "pairs")
+  task = beir.read_task(str(tmp_path / "pairs"))
+  assert len(task.corpus) == 48 and len(task.queries) == 24  # The unjudged query left out.
+  assert task.corpus["doc0"] == "a d0 of"  # Title and text joined by a space.
+  assert task.qrels["q3"] == {"doc3": 1}
+  assert beir.find_tasks(str(tmp_path)) == [str(tmp_path / "pairs")]
+  with pytest.raises(ValueError, match=r"--tasks: \['scifact'\] not in"):
+    beir.find_tasks(str(tmp_path), ["scifact"])
+  (tmp_path / "pairs" / "qrels" / "test.tsv").write_text("q1\tnowhere\t1\n")
+  with pytest.raises(ValueError, match=r"judges documents the corpus lacks, e.g. \['nowhere'\]"):
+    beir.read_task(str(tmp_path / "pairs"))
+  os.remove(tmp_path / "pairs" / "queries.jsonl")
+  with pytest.raises(ValueError, match=r"not a task in BEIR's layout \(missing queries.jsonl\)"):
+    beir.read_task(str(tmp_path / "pairs"))
+
+
+def test_the_suite_scores_a_trained_model_and_its_table(tmp_path):
+  workdir = str(tmp_path / "run")
+  finetune.finetune_and_evaluate(_pairs_config(tmp_path, 40), workdir)
+  _write_task(tmp_path / "data" / "pairs", with_header=False)
+  env = {**os.environ, "XLA_FLAGS": xla_flags(1), "JAX_PLATFORMS": "cpu"}
+  done = subprocess.run([sys.executable, "launch/downstream.py", "--suite=beir",
+                         f"--data_dir={tmp_path / 'data'}", f"--checkpoint={workdir}",
+                         f"--output_dir={tmp_path / 'out'}"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  results = json.loads((tmp_path / "out" / "results.json").read_text())["tasks"]["pairs"]
+  assert results["queries"] == 24 and results["documents"] == 48
+  assert results["ndcg@10"] >= 0.8
+  assert "| pairs | " in (tmp_path / "out" / "results.md").read_text()
+  # The same numbers as the model's embeddings searched and scored here.
+  model = beir.load_embedding_model(workdir)
+  task = beir.read_task(str(tmp_path / "data" / "pairs"))
+  docs = beir.embed(model, list(task.corpus.values()), 16)
+  queries = beir.embed(model, list(task.queries.values()), 16)
+  full = queries @ docs.T
+  ids = list(task.corpus)
+  run = {q: {ids[j]: float(full[i, j]) for j in range(len(ids))}
+         for i, q in enumerate(task.queries)}
+  expected, _ = retrieval.evaluate(task.qrels, run)
+  assert results["ndcg@10"] == pytest.approx(expected["ndcg@10"], abs=1e-6)
+  assert np.isfinite(results["map"])
+  # Fine-tuning flags mean nothing here; --data_dir means nothing to the others.
+  done = subprocess.run([sys.executable, "launch/downstream.py", "--suite=beir",
+                         f"--data_dir={tmp_path / 'data'}", f"--checkpoint={workdir}",
+                         "--seeds=3", f"--output_dir={tmp_path / 'out2'}"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode != 0 and "--seeds: not used by --suite=beir" in done.stderr
