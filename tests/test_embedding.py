@@ -228,3 +228,38 @@ def test_sigterm_saves_and_the_resumed_run_is_bit_identical(tmp_path, monkeypatc
   finetune.finetune_and_evaluate(config, workdir)
   losses, expected = _step_losses(workdir), _step_losses(reference)
   assert [losses[s] for s in range(1, 9)] == [expected[s] for s in range(1, 9)]
+
+
+@pytest.mark.parametrize("architecture", ["bert", "modern"])
+@pytest.mark.parametrize("pooling", ["mean", "cls", "max"])
+def test_packed_embeddings_equal_one_text_per_row(architecture, pooling, tmp_path):
+  """Texts packed several to a row (their own segments and positions) embed as each alone."""
+  from bert_jax import predict  # pylint: disable=import-outside-toplevel
+  from bert_jax.data.vocab import Vocab  # pylint: disable=import-outside-toplevel
+  from tests.test_sentence_transformers import MODERN  # pylint: disable=import-outside-toplevel
+  model = {**MODEL, "max_position_embeddings": 32}
+  if architecture == "modern":
+    model.update(MODERN)
+  task = EmbeddingTask(BertConfig(**model), EmbeddingSettings(
+      labels=(), max_seq_length=32, head_dropout_prob=0.0, freeze_encoder=False,
+      pooling=pooling, normalize=pooling != "max", num_negatives=0, scale=20.0, symmetric=False,
+      mask_false_negatives=False, matryoshka_dims=()))
+  params = task.model.init(jax.random.key(0), *task.example_inputs())["params"]
+  words = [f"w{i}" for i in range(40)]
+  (tmp_path / "vocab.txt").write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]",
+                                                 *words]) + "\n")
+  vocab = Vocab.from_wordpiece(str(tmp_path / "vocab.txt"))
+  rng = np.random.default_rng(0)
+  records = [("t", i + 1, {"text": " ".join(rng.choice(words, size=rng.integers(1, 12)))})
+             for i in range(23)]
+  finetuned = predict.Finetuned(task, params, vocab, {}, 0)
+
+  def embeddings(texts_per_row):
+    data = task.encode_texts(records, vocab, texts_per_row)
+    outputs = predict._outputs(finetuned, data, 4)  # pylint: disable=protected-access
+    return data, np.array([p["embedding"] for p in task.predictions(outputs, data)])
+
+  packed_data, packed = embeddings(None)
+  alone_data, alone = embeddings(1)
+  assert len(packed_data) < len(alone_data) / 2  # Rows: several texts in each.
+  np.testing.assert_allclose(packed, alone, atol=1e-5)

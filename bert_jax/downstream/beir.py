@@ -140,8 +140,10 @@ def load_embedding_model(path: str) -> predict.Finetuned:
 
 def embed(model: predict.Finetuned, texts: Sequence[str], batch_size: int) -> np.ndarray:
   """[len(texts), H] f32 embeddings (`predict.outputs` of --mode=embed)."""
-  _, outputs = predict.outputs(model, [{"text": t} for t in texts], batch_size)
-  return np.asarray(outputs["embeddings"][:, 0], np.float32)
+  data, outputs = predict.outputs(model, [{"text": t} for t in texts], batch_size)
+  rows = np.asarray([e["row"] for e in data.examples])
+  slots = np.asarray([e["slot"] for e in data.examples])
+  return np.asarray(outputs["embeddings"][rows, slots], np.float32)
 
 
 def evaluate_task(model: predict.Finetuned, task: BeirTask,

@@ -59,16 +59,41 @@ def pool_texts(sequence, attention_mask, pooling: str, normalize: bool):
   return vectors
 
 
+def pool_packed(sequence, segment_ids, starts, pooling: str, normalize: bool):
+  """Rows of packed texts: sequence [R, L, H], segment_ids [R, L] (text k of a row is segment
+  k + 1, 0 padding), starts [R, K] (each text's [CLS]) -> embeddings [R, K, H] f32, each text's
+  pooled over its own pieces as `pool_texts` pools a text alone."""
+  sequence = sequence.astype(jnp.float32)
+  member = segment_ids[:, :, None] == jnp.arange(1, starts.shape[1] + 1)  # [R, L, K]
+  if pooling == "cls":
+    vectors = model_lib.gather_positions(sequence, starts)
+  elif pooling == "mean":
+    weights = member.astype(jnp.float32)
+    vectors = (jnp.einsum("rlk,rlh->rkh", weights, sequence)
+               / jnp.maximum(weights.sum(axis=1), 1.0)[..., None])
+  else:  # "max"
+    masked = jnp.where(member[..., None], sequence[:, :, None, :], jnp.finfo(jnp.float32).min)
+    vectors = jnp.max(masked, axis=1)  # [R, K, H]
+  if normalize:
+    vectors = vectors / jnp.maximum(jnp.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
+  return vectors
+
+
 class BertForEmbedding(nn.Module):
-  """The encoder (params["bert"], no pooler) and the pooling: ids [T, L] -> [T, H] f32."""
+  """The encoder (params["bert"], no pooler) and the pooling: ids [T, L] with their attention
+  mask -> [T, H] f32; or rows of packed texts (`segment_ids` as the mask, with `position_ids`
+  and `starts` [R, K]) -> [R, K, H]."""
   config: BertConfig
   pooling: str
   normalize: bool
 
   @nn.compact
-  def __call__(self, input_ids, attention_mask, deterministic: bool = True):
+  def __call__(self, input_ids, attention_mask, deterministic: bool = True, *,
+               position_ids=None, starts=None):
     sequence, _ = BertModel(self.config, add_pooling_layer=False, name=ENCODER)(
-        input_ids, None, attention_mask, deterministic)
+        input_ids, None, attention_mask, deterministic, position_ids=position_ids)
+    if starts is not None:
+      return pool_packed(sequence, attention_mask, starts, self.pooling, self.normalize)
     return pool_texts(sequence, attention_mask, self.pooling, self.normalize)
 
 
@@ -160,10 +185,15 @@ class EmbeddingTask(FinetuneTask):
 
   # ------------------------------------------------------------ inside the jitted step
   def embed(self, params, batch: Batch, dropout_rng) -> jax.Array:
-    """Examples [B, 2 + N, L] -> their texts' embeddings [B, 2 + N, H] f32."""
+    """Examples [B, 2 + N, L] -> their texts' embeddings [B, 2 + N, H] f32; rows of packed texts
+    (`encode_texts`: segment_ids [B, L]) -> [B, K, H]."""
+    rngs = None if dropout_rng is None else {"dropout": dropout_rng}
+    if "segment_ids" in batch:
+      return self.model.apply({"params": params}, batch["input_ids"], batch["segment_ids"],
+                              deterministic=dropout_rng is None, rngs=rngs,
+                              position_ids=batch["position_ids"], starts=batch["starts"])
     ids, mask = batch["input_ids"], batch["attention_mask"]
     rows, texts, length = ids.shape
-    rngs = None if dropout_rng is None else {"dropout": dropout_rng}
     vectors = self.model.apply({"params": params}, ids.reshape(rows * texts, length),
                                mask.reshape(rows * texts, length),
                                deterministic=dropout_rng is None, rngs=rngs)
@@ -242,15 +272,14 @@ class EmbeddingTask(FinetuneTask):
              is_training: bool = False) -> TaskData:
     """Each record -> [2 + N, L] rows (query, positive, negatives), weights and text hashes;
     examples keep the texts' hashes (retrieval's document ids). For prediction
-    (`with_labels` False) a record is {"text"}: one [1, L] row, its embedding."""
+    (`with_labels` False) a record is {"text"}, encoded by `encode_texts`."""
     del is_training
     length = self.settings.max_seq_length
-    if with_labels:
-      texts = self.slots
-      columns = [[self._text(r, "query"), self._text(r, "positive")] + self._negatives(r)
-                 for r in records]
-    else:
-      texts, columns = 1, [[self._text(r, "text")] for r in records]
+    if not with_labels:
+      return self.encode_texts(records, vocab)
+    texts = self.slots
+    columns = [[self._text(r, "query"), self._text(r, "positive")] + self._negatives(r)
+               for r in records]
     flat = [text for column in columns for text in column]
     pieces = vocab.encode_batch(flat)
     truncated = sum(len(p) + 2 > length for p in pieces)
@@ -272,6 +301,39 @@ class EmbeddingTask(FinetuneTask):
                 for i, r in enumerate(records)]
     arrays = {"input_ids": ids, "attention_mask": mask, "text_weight": weight,
               "text_hash": hashes}
+    return TaskData(records[0][0], arrays, examples, truncated)
+
+  def encode_texts(self, records: Sequence[Record], vocab: Vocab,
+                   texts_per_row: int | None = None) -> TaskData:
+    """Records {"text"} packed several to a row of max_seq_length pieces, in order (a text goes
+    to the current row while it fits and the row has fewer than `texts_per_row` texts: default
+    max_seq_length // 8): each [CLS] text [SEP] (cut to fit a row alone) is its own segment,
+    with positions from 0, and its embedding equals the text's alone (`pool_packed`).
+    Examples record each text's (row, slot)."""
+    length = self.settings.max_seq_length
+    slots = texts_per_row or max(1, length // 8)
+    pieces = vocab.encode_batch([self._text(r, "text") for r in records])
+    truncated = sum(len(p) + 2 > length for p in pieces)
+    placed, rows, fill = [], 0, length  # (row, slot, pieces) per text.
+    count = slots
+    for body in pieces:
+      ids = [vocab.cls_id, *body[:length - 2], vocab.sep_id]
+      if fill + len(ids) > length or count == slots:
+        rows, fill, count = rows + 1, 0, 0
+      placed.append((rows - 1, count, fill, ids))
+      fill, count = fill + len(ids), count + 1
+    arrays = {"input_ids": np.zeros((rows, length), np.int32),
+              "segment_ids": np.zeros((rows, length), np.int32),
+              "position_ids": np.zeros((rows, length), np.int32),
+              "starts": np.zeros((rows, slots), np.int32)}
+    for row, slot, start, ids in placed:
+      end = start + len(ids)
+      arrays["input_ids"][row, start:end] = ids
+      arrays["segment_ids"][row, start:end] = slot + 1
+      arrays["position_ids"][row, start:end] = np.arange(len(ids))
+      arrays["starts"][row, slot] = start
+    examples = [{"line": r[1], "row": row, "slot": slot}
+                for r, (row, slot, _, _) in zip(records, placed)]
     return TaskData(records[0][0], arrays, examples, truncated)
 
   def initial_params(self, pretrained: dict) -> dict:
@@ -305,9 +367,9 @@ class EmbeddingTask(FinetuneTask):
             f"{length} (max_seq_length)")
 
   def predictions(self, outputs: dict[str, np.ndarray], data: TaskData) -> list[dict[str, Any]]:
-    """{"embedding"} of each record's text (of each example's query, for training records)."""
-    del data
-    return [{"embedding": row[0].tolist()} for row in outputs["embeddings"]]
+    """{"embedding"} of each record's text (`encode_texts`: its row and slot)."""
+    vectors = outputs["embeddings"]
+    return [{"embedding": vectors[e["row"], e["slot"]].tolist()} for e in data.examples]
 
   def score(self, predicted, data: TaskData) -> dict[str, float]:
     raise NotImplementedError  # `scores` ranks the validation documents itself.
