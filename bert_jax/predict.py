@@ -1,5 +1,6 @@
-"""Inference: fill-mask with a pretrained BERT's MLM head, and predictions of a fine-tuned
-checkpoint (classification, tagging, QA). `launch/predict.py` is a thin wrapper around these.
+"""Inference: fill-mask with a pretrained BERT's MLM head, predictions of a fine-tuned
+checkpoint (classification, tagging, QA), and embeddings and exact search with an embedding
+model (an embedding run, a sentence-transformers directory or any encoder). `launch/predict.py` is a thin wrapper around these.
 
 Both run on one device, in fixed-shape jitted batches (the last one padded), so a file of any
 length compiles once.
@@ -8,6 +9,7 @@ length compiles once.
 from __future__ import annotations
 
 import dataclasses
+import json
 import functools
 import warnings
 from typing import Any, Sequence
@@ -23,6 +25,8 @@ from bert_jax.runtime import storage
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.vocab import Vocab
 from bert_jax.models.model import BertConfig, BertModel, MaskedLMHead, gather_positions
+from bert_jax.tasks.embedding import EmbeddingSettings, EmbeddingTask, resolve_pooling
+from bert_jax.weights import sentence_transformers_dir as st_dir
 
 MASK_TEXT = "[MASK]"
 
@@ -233,3 +237,67 @@ def truncation_notes(finetuned: Finetuned, records: Sequence[finetune_data.Recor
   if len(notes) > limit:
     notes = notes[:limit] + [f"... and {len(notes) - limit} more inputs cut the same way"]
   return notes
+
+
+def load_embedding_model(path: str) -> Finetuned:
+  """An embedding model (--mode=embed / search, `downstream/beir.py`): a bert_jax embedding
+  run (its pooling, normalisation and length), a sentence-transformers directory (its Pooling,
+  Normalize and max_seq_length), or any encoder `config.init_from` takes (pooling by
+  `embedding.resolve_pooling`, normalised, its position table's length up to 512)."""
+  from bert_jax import weights  # pylint: disable=import-outside-toplevel
+  if checkpointing.find_step_dir(path) is not None:
+    finetuned = load_finetuned(path)
+    if not isinstance(finetuned.task, EmbeddingTask):
+      raise ValueError(f"{path} was fine-tuned for {finetuned.task.name!r}, not as an "
+                       "embedding model")
+    return finetuned
+  config, params, vocab = weights.load_pretrained(path)
+  if vocab is None:
+    raise ValueError(f"{path} has no vocabulary to tokenize queries and documents with")
+  length = min(512, config.max_position_embeddings)
+  pooling, normalize = resolve_pooling("auto", config), True
+  if st_dir.is_sentence_transformers(path):
+    pooling, normalize = st_dir.pooling_of(path)
+    st_config = storage.join(path, "sentence_bert_config.json")
+    if storage.isfile(st_config):
+      length = int(json.loads(storage.read_text(st_config)).get("max_seq_length") or length)
+  settings = EmbeddingSettings(labels=(), max_seq_length=length, head_dropout_prob=0.0,
+                               freeze_encoder=True, pooling=pooling, normalize=normalize,
+                               num_negatives=0, scale=20.0, symmetric=False,
+                               mask_false_negatives=False, matryoshka_dims=())
+  task = EmbeddingTask(config, settings)
+  encoder = task.initial_params(params)
+  return Finetuned(task, jax.device_put(encoder), vocab, {}, 0)
+
+
+def embed(model: Finetuned, texts: Sequence[str], batch_size: int) -> np.ndarray:
+  """[len(texts), H] f32 embeddings (`predict.outputs` of --mode=embed)."""
+  data, outputs = predict.outputs(model, [{"text": t} for t in texts], batch_size)
+  rows = np.asarray([e["row"] for e in data.examples])
+  slots = np.asarray([e["slot"] for e in data.examples])
+  return np.asarray(outputs["embeddings"][rows, slots], np.float32)
+
+def embed(model: Finetuned, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
+  """[len(texts), H] f32 embeddings, texts packed several to a row (`encode_texts`)."""
+  data, outputs_ = outputs(model, [{"text": t} for t in texts], batch_size)
+  rows = np.asarray([e["row"] for e in data.examples])
+  slots = np.asarray([e["slot"] for e in data.examples])
+  return np.asarray(outputs_["embeddings"][rows, slots], np.float32)
+
+
+def search(model: Finetuned, corpus: Sequence[finetune_data.Record | dict],
+           queries: Sequence[finetune_data.Record | dict], top_k: int,
+           batch_size: int = 32) -> list[dict[str, Any]]:
+  """Exact search (`retrieval.search`, inner product: cosine for a normalised model) of the
+  corpus records ({"text", "id"?}; the id defaults to the line number) for each query record:
+  per query {"query", "results": [{"id", "score", "text"}, ...]} best first."""
+  from bert_jax.downstream import retrieval  # pylint: disable=import-outside-toplevel
+  corpus, queries = _as_records(corpus), _as_records(queries)
+  ids = [str(r[2].get("id", r[1])) for r in corpus]
+  texts = [finetune_data.field(r, "text") for r in corpus]
+  scores, indices = retrieval.search(embed(model, [finetune_data.field(q, "text") for q in queries],
+                                           batch_size), embed(model, texts, batch_size), top_k)
+  return [{"query": finetune_data.field(q, "text"),
+           "results": [{"id": ids[j], "score": float(s), "text": texts[j]}
+                       for j, s in zip(row_indices, row_scores)]}
+          for q, row_indices, row_scores in zip(queries, indices, scores)]

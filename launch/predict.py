@@ -6,11 +6,18 @@ r"""Predictions from the command line.
   python launch/predict.py --mode=qa --checkpoint=runs/qa --text="who paid?" \
       --text_b="Alice paid the bill."
   python launch/predict.py --mode=tag --checkpoint=runs/ner --input_file=x.jsonl
+  python launch/predict.py --mode=embed --checkpoint=runs/embed --input_file=texts.jsonl
+  python launch/predict.py --mode=search --checkpoint=runs/embed --corpus_file=docs.jsonl \
+      --text="how do I sort a list" --top_k=10
 
 fill_mask reads any pretrained checkpoint `weights.load_pretrained` reads (with its MLM head);
 classify / tag / qa read a `launch/finetune.py` workdir and print one JSON line per input (qa:
 one answer per question, however many windows of max_seq_length its passage takes); an input
-longer than the model reads is named in a "note:" line on stderr.
+longer than the model reads is named in a "note:" line on stderr. embed and search read an
+embedding model: an embedding run, a sentence-transformers directory or any encoder
+(`predict.load_embedding_model`); embed prints {"embedding": [...]} per input, in input order;
+search embeds --corpus_file (records with "text" and an optional "id") and prints, per query,
+its --top_k documents by exact search: {"query", "results": [{"id", "score", "text"}]}.
 """
 
 import json
@@ -22,15 +29,21 @@ from bert_jax import tasks
 from bert_jax.runtime import cli
 
 # fill_mask, then one mode per fine-tuning task of the registry (classify, tag, qa, ...).
-_MODE = flags.DEFINE_enum("mode", None, ["fill_mask", *tasks.predict_modes()], "What to do.")
-_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Pretrained checkpoint (fill_mask) or "
-                                  "fine-tuning workdir (classify, tag, qa).")
+_MODE = flags.DEFINE_enum("mode", None, ["fill_mask", *tasks.predict_modes(), "search"],
+                          "What to do.")
+_CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Pretrained checkpoint (fill_mask), "
+                                  "fine-tuning workdir (classify, tag, qa), or embedding model "
+                                  "(embed, search: an embedding run, a sentence-transformers or "
+                                  "HF directory).")
 _TEXT = flags.DEFINE_string("text", None, "Input text (the question for qa).")
 _TEXT_B = flags.DEFINE_string("text_b", None, "Second text (the passage for qa).")
 _INPUT_FILE = flags.DEFINE_string("input_file", None, "JSONL or CSV with text (and text_b).")
+_CORPUS_FILE = flags.DEFINE_string("corpus_file", None, "search: JSONL or CSV of the documents "
+                                   "(text, and an optional id; default: the line number).")
 # lower_bound: a bad value is refused while parsing (one line, exit status 2).
 _TOP_K = flags.DEFINE_integer("top_k", 5, "fill_mask: tokens shown per [MASK] (at most the "
-                              "vocabulary's size less its special tokens).", lower_bound=1)
+                              "vocabulary's size less its special tokens); search: documents "
+                              "shown per query.", lower_bound=1)
 _BATCH_SIZE = flags.DEFINE_integer("batch_size", 32, "Examples per forward pass.",
                                    lower_bound=1)
 flags.mark_flags_as_required(["mode", "checkpoint"])
@@ -39,8 +52,12 @@ flags.mark_flags_as_required(["mode", "checkpoint"])
 def _check_flags() -> None:
   """Refuses what a mode cannot use (silently ignored, it would hide a mistake) and empty text."""
   mode = _MODE.value
-  given = {name for name in ("text_b", "input_file", "top_k", "batch_size")
+  given = {name for name in ("text_b", "input_file", "top_k", "batch_size", "corpus_file")
            if flags.FLAGS[name].present}
+  if mode == "search" and not _CORPUS_FILE.value:
+    raise app.UsageError("--mode=search needs --corpus_file (the documents to search)")
+  if mode != "search" and "corpus_file" in given:
+    raise app.UsageError(f"--corpus_file: not used by --mode={mode} (only by --mode=search)")
   if _TEXT.value is not None and not _TEXT.value.strip():
     raise app.UsageError("--text is empty")
   if _TEXT_B.value is not None and not _TEXT_B.value.strip():
@@ -52,11 +69,12 @@ def _check_flags() -> None:
   else:
     if bool(_TEXT.value) == bool(_INPUT_FILE.value):
       raise app.UsageError("Give exactly one of --text and --input_file")
-    text_b = tasks.predict_modes()[mode].text_b  # "optional", "required" or "unused".
+    # "optional", "required" or "unused"; search embeds as the embedding task does.
+    text_b = tasks.predict_modes()["embed" if mode == "search" else mode].text_b
     if text_b == "required" and _TEXT.value and not _TEXT_B.value:
       raise app.UsageError(f"--mode={mode} needs --text_b with --text")
-    unused = given & ({"top_k"} | ({"text_b"} if text_b == "unused" or _INPUT_FILE.value
-                                   else set()))
+    unused = given & ((set() if mode == "search" else {"top_k"})
+                      | ({"text_b"} if text_b == "unused" or _INPUT_FILE.value else set()))
   if unused:
     raise app.UsageError(f"{', '.join('--' + n for n in sorted(unused))}: not used by "
                          f"--mode={mode}" + (" with --input_file (the file holds text_b)"
@@ -82,6 +100,20 @@ def main() -> None:
   else:
     fields = {"text": _TEXT.value, **({"text_b": _TEXT_B.value} if _TEXT_B.value else {})}
     records = [("--text", 1, fields)]
+  if _MODE.value in ("embed", "search"):
+    model = predict.load_embedding_model(_CHECKPOINT.value)
+    for note in predict.truncation_notes(model, records):
+      print(f"note: {note}", file=sys.stderr)
+    if _MODE.value == "embed":
+      for prediction in predict.predict(model, records, _BATCH_SIZE.value):
+        print(json.dumps(prediction))
+      return
+    corpus = finetune_data.read_records(_CORPUS_FILE.value)
+    if not corpus:
+      raise ValueError(f"{_CORPUS_FILE.value} holds no records")
+    for hits in predict.search(model, corpus, records, _TOP_K.value, _BATCH_SIZE.value):
+      print(json.dumps(hits))
+    return
   finetuned = predict.load_finetuned(_CHECKPOINT.value)
   if finetuned.task.predict_mode != _MODE.value:
     raise app.UsageError(f"{_CHECKPOINT.value} was fine-tuned for {finetuned.task.name} "

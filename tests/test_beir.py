@@ -10,7 +10,7 @@ import sys
 import numpy as np
 import pytest
 
-from bert_jax import finetune
+from bert_jax import finetune, predict
 from bert_jax.downstream import beir, retrieval
 from tests.suite_flags import xla_flags
 from tests.test_embedding import DOC_WORDS, FILLER, QUERY_WORDS, _pairs_config
@@ -69,10 +69,10 @@ def test_the_suite_scores_a_trained_model_and_its_table(tmp_path):
   assert results["ndcg@10"] >= 0.8
   assert "| pairs | " in (tmp_path / "out" / "results.md").read_text()
   # The same numbers as the model's embeddings searched and scored here.
-  model = beir.load_embedding_model(workdir)
+  model = predict.load_embedding_model(workdir)
   task = beir.read_task(str(tmp_path / "data" / "pairs"))
-  docs = beir.embed(model, list(task.corpus.values()), 16)
-  queries = beir.embed(model, list(task.queries.values()), 16)
+  docs = predict.embed(model, list(task.corpus.values()), 16)
+  queries = predict.embed(model, list(task.queries.values()), 16)
   full = queries @ docs.T
   ids = list(task.corpus)
   run = {q: {ids[j]: float(full[i, j]) for j in range(len(ids))}
@@ -80,6 +80,24 @@ def test_the_suite_scores_a_trained_model_and_its_table(tmp_path):
   expected, _ = retrieval.evaluate(task.qrels, run)
   assert results["ndcg@10"] == pytest.approx(expected["ndcg@10"], abs=1e-6)
   assert np.isfinite(results["map"])
+  # The same model as a search engine: each query's positive first.
+  corpus = tmp_path / "docs.jsonl"
+  corpus.write_text("".join(json.dumps({"id": d, "text": t}) + "\n"
+                            for d, t in task.corpus.items()))
+  queries = tmp_path / "queries.jsonl"
+  queries.write_text("".join(json.dumps({"text": task.queries[f"q{i}"]}) + "\n"
+                             for i in range(5)))
+  done = subprocess.run([sys.executable, "launch/predict.py", "--mode=search",
+                         f"--checkpoint={workdir}", f"--corpus_file={corpus}",
+                         f"--input_file={queries}", "--top_k=3"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode == 0, done.stderr[-2000:]
+  lines = [json.loads(line) for line in done.stdout.splitlines()]
+  assert [len(line["results"]) for line in lines] == [3] * 5
+  hits = [line["results"][0]["id"] for line in lines]
+  assert sum(hit == f"doc{i}" for i, hit in enumerate(hits)) >= 4, hits
+  scores = [r["score"] for r in lines[0]["results"]]
+  assert scores == sorted(scores, reverse=True)
   # Fine-tuning flags mean nothing here; --data_dir means nothing to the others.
   done = subprocess.run([sys.executable, "launch/downstream.py", "--suite=beir",
                          f"--data_dir={tmp_path / 'data'}", f"--checkpoint={workdir}",

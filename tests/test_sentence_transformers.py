@@ -107,6 +107,10 @@ def test_a_sentence_transformers_directory_is_an_encoder_to_start_from(tmp_path)
   config = _pairs_config(tmp_path, 2)
   source = _st_model(tmp_path, st.models.Pooling(32, pooling_mode="max"))
   config.init_from, config.vocab = source, ""
+  # Zero-shot, read as bert_jax reads it: the vectors sentence-transformers computes.
+  theirs = _load(source).encode(TEXTS)
+  ours = predict.embed(predict.load_embedding_model(source), TEXTS)
+  np.testing.assert_allclose(ours, theirs, atol=1e-5)
   result = finetune.finetune_and_evaluate(config, str(tmp_path / "run"))
   saved = predict.load_finetuned(str(tmp_path / "run")).task.settings
   assert (saved.pooling, saved.normalize) == ("max", False)  # Its modules', not the config's.

@@ -10,7 +10,7 @@ BEIR's downloads unpack (scifact, nfcorpus, fiqa, ...). --data_dir is one task, 
 as subdirectories (all of them, or those --tasks names). A document's text is its title and
 text joined by a space, as BEIR's sentence-transformers models read it.
 
-The model (`load_embedding_model`): a bert_jax embedding run (its pooling, normalisation and
+The model (`predict.load_embedding_model`): a bert_jax embedding run (its pooling, normalisation and
 length), a sentence-transformers directory (its Pooling, Normalize and max_seq_length), or any
 encoder `config.init_from` takes (pooling by `embedding.resolve_pooling`, normalised, its
 position table's length up to 512).
@@ -27,8 +27,6 @@ import numpy as np
 from bert_jax import predict
 from bert_jax.downstream import retrieval
 from bert_jax.runtime import storage
-from bert_jax.tasks.embedding import EmbeddingSettings, EmbeddingTask, resolve_pooling
-from bert_jax.weights import sentence_transformers_dir as st_dir
 
 FILES = ("corpus.jsonl", "queries.jsonl")
 TOP_K = 100  # Documents kept per query: recall@100's depth.
@@ -107,51 +105,12 @@ def find_tasks(data_dir: str, names: Sequence[str] = ()) -> list[str]:
   return [storage.join(data_dir, d) for d in found]
 
 
-def load_embedding_model(path: str) -> predict.Finetuned:
-  """An embedding model from a bert_jax embedding run, a sentence-transformers directory or
-  any encoder `config.init_from` takes (the module docstring)."""
-  from bert_jax import weights  # pylint: disable=import-outside-toplevel
-  from bert_jax.checkpoints import checkpointing  # pylint: disable=import-outside-toplevel
-  if checkpointing.find_step_dir(path) is not None:
-    finetuned = predict.load_finetuned(path)
-    if not isinstance(finetuned.task, EmbeddingTask):
-      raise ValueError(f"{path} was fine-tuned for {finetuned.task.name!r}, not as an "
-                       "embedding model")
-    return finetuned
-  config, params, vocab = weights.load_pretrained(path)
-  if vocab is None:
-    raise ValueError(f"{path} has no vocabulary to tokenize queries and documents with")
-  length = min(512, config.max_position_embeddings)
-  pooling, normalize = resolve_pooling("auto", config), True
-  if st_dir.is_sentence_transformers(path):
-    pooling, normalize = st_dir.pooling_of(path)
-    st_config = storage.join(path, "sentence_bert_config.json")
-    if storage.isfile(st_config):
-      length = int(json.loads(storage.read_text(st_config)).get("max_seq_length") or length)
-  settings = EmbeddingSettings(labels=(), max_seq_length=length, head_dropout_prob=0.0,
-                               freeze_encoder=True, pooling=pooling, normalize=normalize,
-                               num_negatives=0, scale=20.0, symmetric=False,
-                               mask_false_negatives=False, matryoshka_dims=())
-  task = EmbeddingTask(config, settings)
-  import jax  # pylint: disable=import-outside-toplevel
-  encoder = task.initial_params(params)
-  return predict.Finetuned(task, jax.device_put(encoder), vocab, {}, 0)
-
-
-def embed(model: predict.Finetuned, texts: Sequence[str], batch_size: int) -> np.ndarray:
-  """[len(texts), H] f32 embeddings (`predict.outputs` of --mode=embed)."""
-  data, outputs = predict.outputs(model, [{"text": t} for t in texts], batch_size)
-  rows = np.asarray([e["row"] for e in data.examples])
-  slots = np.asarray([e["slot"] for e in data.examples])
-  return np.asarray(outputs["embeddings"][rows, slots], np.float32)
-
-
 def evaluate_task(model: predict.Finetuned, task: BeirTask,
                   batch_size: int = 64) -> dict[str, float]:
   """The task's metrics (retrieval.METRICS), and its sizes."""
   doc_ids, query_ids = list(task.corpus), list(task.queries)
-  documents = embed(model, [task.corpus[d] for d in doc_ids], batch_size)
-  queries = embed(model, [task.queries[q] for q in query_ids], batch_size)
+  documents = predict.embed(model, [task.corpus[d] for d in doc_ids], batch_size)
+  queries = predict.embed(model, [task.queries[q] for q in query_ids], batch_size)
   scores, indices = retrieval.search(queries, documents, TOP_K)
   run = retrieval.run_from_search(query_ids, doc_ids, scores, indices)
   means, _ = retrieval.evaluate(task.qrels, run)
@@ -178,7 +137,7 @@ def run(checkpoint: str, data_dir: str, output_dir: str, names: Sequence[str] = 
   `output_dir`; -> task name -> metrics."""
   directories = find_tasks(data_dir, names)
   beir_tasks = [read_task(d, split) for d in directories]  # Every file checked first.
-  model = load_embedding_model(checkpoint)
+  model = predict.load_embedding_model(checkpoint)
   results = {}
   for task in beir_tasks:
     results[task.name] = evaluate_task(model, task, batch_size)
