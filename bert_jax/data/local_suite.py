@@ -91,6 +91,9 @@ class SourceFile:
   path: str  # Relative to the package's parent ("scipy/stats/_stats_py.py").
   sentences: list[Sentence]
   parameters: list[dict[str, str]]  # Per function: entry line -> first description sentence.
+  # Per function with both: (its one-line summary, its parameters' descriptions), for the
+  # retrieval suite (`bert_jax/data/local_retrieval.py`).
+  functions: list[tuple[str, dict[str, str]]] = dataclasses.field(default_factory=list)
 
 
 # ------------------------------------------------------------------------------------ markup
@@ -276,6 +279,9 @@ def read_source(package: str, path: str, absolute: str) -> SourceFile:
       descriptions = parameter_descriptions(docstring, names)
       if len(descriptions) >= 2:
         source.parameters.append(descriptions)
+        summary = parse_markup(docstring.strip().splitlines()[0].strip())
+        if summary is not None and 3 <= len(summary.words()) <= 30:
+          source.functions.append((summary.text, descriptions))
   return source
 
 

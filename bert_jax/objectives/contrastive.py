@@ -42,11 +42,15 @@ class ContrastiveSettings:
   matryoshka_dims: tuple[int, ...] = ()  # Sum the loss over these leading dims; (): full only.
 
 
+def l2_normalize(x):
+  """x / max(||x||, 1e-12) over the last axis, with a finite gradient at x = 0 (an absent
+  text's vector is 0; the gradient of a norm there is NaN)."""
+  return x * jax.lax.rsqrt(jnp.maximum(jnp.sum(jnp.square(x), axis=-1, keepdims=True), 1e-24))
+
+
 def _cosine(a, b):
   """a [M, D], b [N, D] -> cos [M, N] f32."""
-  a = a / jnp.maximum(jnp.linalg.norm(a, axis=-1, keepdims=True), 1e-12)
-  b = b / jnp.maximum(jnp.linalg.norm(b, axis=-1, keepdims=True), 1e-12)
-  return a @ b.T
+  return l2_normalize(a) @ l2_normalize(b).T
 
 
 def _ranking_terms(scores, valid, target):

@@ -36,7 +36,7 @@ from bert_jax.data.vocab import Vocab
 from bert_jax.downstream import retrieval
 from bert_jax.models import model as model_lib
 from bert_jax.models.model import BertConfig, BertModel
-from bert_jax.objectives.contrastive import ContrastiveSettings, contrastive_sums
+from bert_jax.objectives.contrastive import ContrastiveSettings, contrastive_sums, l2_normalize
 from bert_jax.tasks.base import Batch, Scores, chunked, unchunked
 from bert_jax.tasks.finetuning import ENCODER, FinetuneSettings, FinetuneTask, example_weight
 from bert_jax.weights import sentence_transformers_dir as st_dir
@@ -54,9 +54,7 @@ def pool_texts(sequence, attention_mask, pooling: str, normalize: bool):
     vectors = jnp.sum(sequence * mask, axis=1) / jnp.maximum(jnp.sum(mask, axis=1), 1.0)
   else:  # "max": over the text's pieces only.
     vectors = jnp.max(jnp.where(mask > 0, sequence, jnp.finfo(jnp.float32).min), axis=1)
-  if normalize:
-    vectors = vectors / jnp.maximum(jnp.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
-  return vectors
+  return l2_normalize(vectors) if normalize else vectors
 
 
 def pool_packed(sequence, segment_ids, starts, pooling: str, normalize: bool):
@@ -74,9 +72,7 @@ def pool_packed(sequence, segment_ids, starts, pooling: str, normalize: bool):
   else:  # "max"
     masked = jnp.where(member[..., None], sequence[:, :, None, :], jnp.finfo(jnp.float32).min)
     vectors = jnp.max(masked, axis=1)  # [R, K, H]
-  if normalize:
-    vectors = vectors / jnp.maximum(jnp.linalg.norm(vectors, axis=-1, keepdims=True), 1e-12)
-  return vectors
+  return l2_normalize(vectors) if normalize else vectors
 
 
 class BertForEmbedding(nn.Module):
