@@ -23,7 +23,10 @@ Flags:
   of an embedding model (an embedding run, a sentence-transformers or HF directory) on
   `--data_dir`, a task in BEIR's layout (corpus.jsonl, queries.jsonl, qrels/test.tsv) or a
   directory of them (`bert_jax/downstream/beir.py`): nDCG@10, MRR@10, recall@100 and MAP in
-  results.json and results.md; nothing is fine-tuned.
+  results.json and results.md; nothing is fine-tuned. `local_retrieval`: the same on the offline
+  retrieval suite (`bert_jax/data/local_retrieval.py`: numpy / scipy function summaries as
+  queries, their parameter descriptions as documents, split by source file), built into
+  `<output_dir>/data` with its train.jsonl / validation.jsonl for `configs/finetune_embedding.py`.
 - `--learning_rates` (default BERT's grid 2e-5,3e-5,4e-5,5e-5) and `--seeds` (default 5: seeds
   0-4): one run per (task, learning rate, seed).
 - `--output_dir`: `runs/<task>/lr<lr>_seed<seed>/` (each a `launch/finetune.py` workdir:

@@ -702,8 +702,9 @@ def define_flags(default_config: str) -> None:
       lock_config=True)
   flags.DEFINE_string("checkpoint", None, "The pretrained encoder: anything config.init_from "
                       "takes (bert_jax workdir or pretrained dir, HuggingFace dir, TF checkpoint).")
-  flags.DEFINE_string("suite", None, f"One of {', '.join(suites.SUITES)}, or beir (zero-shot "
-                      "retrieval of an embedding model on --data_dir).")
+  flags.DEFINE_string("suite", None, f"One of {', '.join(suites.SUITES)}, or beir / "
+                      "local_retrieval (zero-shot retrieval of an embedding model on --data_dir "
+                      "/ on the offline retrieval suite).")
   flags.DEFINE_string("data_dir", "", "--suite=beir: a task in BEIR's layout (corpus.jsonl, "
                       "queries.jsonl, qrels/test.tsv), or a directory of such tasks.")
   flags.DEFINE_list("tasks", [], "Tasks of the suite to run (default: all), e.g. cola,sst2.")
@@ -730,9 +731,18 @@ def with_default_config(argv: Sequence[str]) -> list[str]:
 
 
 def _run_beir(f) -> dict[str, Any]:
-  """--suite=beir: zero-shot retrieval (`downstream/beir.py`); the fine-tuning flags refused."""
+  """--suite=beir: zero-shot retrieval (`downstream/beir.py`) of --data_dir's tasks;
+  --suite=local_retrieval: of the offline suite (`data/local_retrieval.py`), built into
+  <output_dir>/data first. The fine-tuning flags are refused."""
   from bert_jax.downstream import beir  # pylint: disable=import-outside-toplevel
-  if not f.data_dir:
+  data_dir = f.data_dir
+  if f.suite == "local_retrieval":
+    if data_dir:
+      raise app.UsageError("--data_dir is for --suite=beir: --suite=local_retrieval builds its "
+                           "data in <output_dir>/data")
+    from bert_jax.data import local_retrieval  # pylint: disable=import-outside-toplevel
+    data_dir = local_retrieval.build(os.path.join(f.output_dir, "data"))["beir_dir"]
+  elif not data_dir:
     raise app.UsageError("--suite=beir needs --data_dir (a task in BEIR's layout, or a "
                          "directory of them)")
   changed = [f"--{name}" for name in ("learning_rates", "seeds", "devices_per_run")
@@ -740,14 +750,14 @@ def _run_beir(f) -> dict[str, Any]:
   if changed:
     raise app.UsageError(f"{', '.join(changed)}: not used by --suite=beir (zero-shot: nothing "
                          "is fine-tuned)")
-  return beir.run(f.checkpoint, f.data_dir, f.output_dir, f.tasks)
+  return beir.run(f.checkpoint, data_dir, f.output_dir, f.tasks)
 
 
 def run_from_flags(argv: Sequence[str]) -> dict[str, Any] | None:
   """The launcher's main: the flags checked (a bad one: app.UsageError naming it), then
   `run_suite`. `argv` starts a device group's process (the launcher and its arguments)."""
   f = flags.FLAGS
-  if f.suite == "beir":
+  if f.suite in ("beir", "local_retrieval"):
     return _run_beir(f)
   if f.data_dir:
     raise app.UsageError(f"--data_dir is for --suite=beir, not --suite={f.suite}")
