@@ -104,6 +104,11 @@ def test_the_suite_scores_a_trained_model_and_its_table(tmp_path):
                          "--seeds=3", f"--output_dir={tmp_path / 'out2'}"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)
   assert done.returncode != 0 and "--seeds: not used by --suite=beir" in done.stderr
+  done = subprocess.run([sys.executable, "launch/downstream.py", "--suite=beir",
+                         f"--data_dir={tmp_path / 'nowhere'}", f"--checkpoint={workdir}",
+                         f"--output_dir={tmp_path / 'out3'}"], cwd=ROOT, env=env,
+                        capture_output=True, text=True, timeout=300)
+  assert done.returncode != 0 and "error:" in done.stderr and "Traceback" not in done.stderr
 
 
 def test_fine_tuning_raises_held_out_ndcg_on_the_offline_retrieval_suite(tmp_path):

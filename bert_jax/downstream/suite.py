@@ -747,9 +747,10 @@ def _run_beir(f) -> dict[str, Any]:
                          "directory of them)")
   changed = [f"--{name}" for name in ("learning_rates", "seeds", "devices_per_run")
              if f[name].present]
+  changed += [f"--config.{path}" for path in given_overrides(f)]
   if changed:
-    raise app.UsageError(f"{', '.join(changed)}: not used by --suite=beir (zero-shot: nothing "
-                         "is fine-tuned)")
+    raise app.UsageError(f"{', '.join(changed)}: not used by --suite={f.suite} (zero-shot: "
+                         "nothing is fine-tuned)")
   return beir.run(f.checkpoint, data_dir, f.output_dir, f.tasks)
 
 
