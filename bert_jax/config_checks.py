@@ -401,6 +401,7 @@ FINETUNING_RULES: dict[str, Check] = {
     "embedding.symmetric": boolean(),
     "embedding.mask_false_negatives": boolean(),
     "embedding.matryoshka_dims": widths(),
+    "embedding.pack": boolean(),
     "train.freeze_encoder": boolean(),
     **_TRAIN_RULES,
     "train.num_train_steps": integer(0, "0: num_train_epochs over the training set"),

@@ -75,10 +75,13 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   config = with_train_length(config, len(train_data.examples))
   _log_setup(config, task, encoder, train_data, validation)
   index, count = jax.process_index(), jax.process_count()
+  settings = TrainSettings.from_config(config)
+  pack = task.batch_packer(programs.row_multiple(sharding.make_mesh(settings.mesh),
+                                                 settings.step.grad_accum_steps))
   run = trainer.Run(
       task=task,
       train_iter=finetune_data.TrainBatches(train_data, config.train.batch_size, config.seed,
-                                            index, count),
+                                            index, count, pack),
       eval_batches=(lambda: finetune_data.eval_batches(
           validation, config.train.eval_batch_size, index, count)) if validation else None,
       eval_data=validation,
@@ -88,7 +91,7 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
       initial_params=(lambda: initial) if initial is not None else None,
       initial_source=encoder.source,
       best_metric=config.train.best_metric or task.main_metric())
-  result = trainer.train(TrainSettings.from_config(config), workdir, run)
+  result = trainer.train(settings, workdir, run)
   summary = _summary(run, result, train_data, validation)
   if jax.process_index() == 0:
     storage.write_text(storage.join(workdir, FINAL_EVAL_FILE), json.dumps(summary, indent=2))

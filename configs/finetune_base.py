@@ -86,6 +86,10 @@ def get_config() -> ml_collections.ConfigDict:
   config.embedding.mask_false_negatives = False
   # Matryoshka: the loss summed over the vectors cut to these leading widths; () = full width.
   config.embedding.matryoshka_dims = ()
+  # Train batches packed: the batch's texts several to a row (up to max_seq_length // 8, each
+  # its own segment, best fit decreasing), not one row of max_seq_length each. The same loss and
+  # gradient, fewer padding slots. Evaluation and prediction read texts alone (prediction packs).
+  config.embedding.pack = False
 
   # ---------------------------------------------------------------- train
   # bert_adamw and the "bert" schedule, as run_classifier.py / run_squad.py.

@@ -24,6 +24,8 @@ from bert_jax.data import batching
 from bert_jax.data.vocab import Vocab
 
 Record = tuple[str, int, dict[str, Any]]  # (file, line, fields)
+# A global train batch -> (its per-example arrays [B, ...], its packed rows [R, ...]).
+Packer = Callable[[dict[str, np.ndarray]], tuple[dict[str, np.ndarray], dict[str, np.ndarray]]]
 
 
 @dataclasses.dataclass
@@ -323,16 +325,22 @@ class TrainBatches:
 
   Epoch e visits the rows in the permutation drawn from (seed, e); batches run across epoch ends.
   The position is the number of batches taken, so `get_state` / `set_state` resume exactly (and
-  the global batches are the same for any number of processes)."""
+  the global batches are the same for any number of processes).
+
+  With `pack` (a task's `batch_packer`: the whole global batch -> (per-example arrays [B, ...],
+  packed rows [R, ...] with R divisible by the process count)) each process takes its slice of
+  both: the packing is a function of the global batch alone, so it is the same on any number of
+  processes and after a resume."""
 
   def __init__(self, data: TaskData, global_batch_size: int, seed: int, process_index: int = 0,
-               process_count: int = 1):
+               process_count: int = 1, pack: Packer | None = None):
     if not len(data):  # Before any compile, rather than a division by zero at the first batch.
       raise ValueError(f"{data.source}: no training rows to fine-tune on (its records encode to "
                        "none)")
     self.data, self.global_batch_size, self.seed = data, global_batch_size, seed
     self.per_host = batching.per_host_batch_size(global_batch_size, process_count)
     self.first = process_index * self.per_host
+    self.process_index, self.process_count, self.pack = process_index, process_count, pack
     self.batches = 0
     self._epoch, self._order = -1, np.zeros((0,), np.int64)
 
@@ -345,12 +353,25 @@ class TrainBatches:
   def __iter__(self) -> "TrainBatches":
     return self
 
-  def __next__(self) -> dict[str, np.ndarray]:
+  def _rows(self, first: int, count: int) -> np.ndarray:
     size = len(self.data)
-    positions = self.batches * self.global_batch_size + self.first + np.arange(self.per_host)
-    rows = np.asarray([self._permutation(int(p) // size)[int(p) % size] for p in positions])
+    positions = self.batches * self.global_batch_size + first + np.arange(count)
+    return np.asarray([self._permutation(int(p) // size)[int(p) % size] for p in positions])
+
+  def __next__(self) -> dict[str, np.ndarray]:
+    if self.pack is None:
+      rows = self._rows(self.first, self.per_host)
+      self.batches += 1
+      return {name: value[rows] for name, value in self.data.arrays.items()}
+    rows = self._rows(0, self.global_batch_size)
     self.batches += 1
-    return {name: value[rows] for name, value in self.data.arrays.items()}
+    examples, packed = self.pack({name: value[rows] for name, value in self.data.arrays.items()})
+    per_host = {name: value[self.first:self.first + self.per_host]
+                for name, value in examples.items()}
+    (num_rows,) = {len(value) for value in packed.values()}
+    share = num_rows // self.process_count
+    mine = slice(self.process_index * share, (self.process_index + 1) * share)
+    return {**per_host, **{name: value[mine] for name, value in packed.items()}}
 
   def get_state(self) -> dict[str, int]:
     return {"batches": self.batches, "seed": self.seed}

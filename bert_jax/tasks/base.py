@@ -72,6 +72,15 @@ class Task:
     """Per-example fields of a train batch: name -> (shape without batch, dtype)."""
     raise NotImplementedError
 
+  def batch_shapes(self, batch_size: int, row_multiple: int) -> dict[str, tuple[tuple[int, ...],
+                                                                              Any]]:
+    """A representative global train batch of `batch_size` examples: name -> (shape, dtype)
+    (what `--compile_only` and the compile report lower). A task that packs its examples into
+    rows, a multiple of `row_multiple` of them, gives a typical packed batch."""
+    del row_multiple
+    return {name: ((batch_size, *shape), dtype)
+            for name, (shape, dtype) in self.batch_signature().items()}
+
   # ------------------------------------------------------------ inside the jitted step
   def prepare(self, batch: Batch, rng: jax.Array, step: jax.Array) -> Batch:
     """The train batch as the loss sees it at optimizer step `step` (int32 scalar; random

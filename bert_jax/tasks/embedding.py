@@ -30,7 +30,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from bert_jax.data import finetune as finetune_data
+from bert_jax.data import finetune as finetune_data, packing
 from bert_jax.data.finetune import Record, TaskData
 from bert_jax.data.vocab import Vocab
 from bert_jax.downstream import retrieval
@@ -38,7 +38,7 @@ from bert_jax.models import model as model_lib
 from bert_jax.models.model import BertConfig, BertModel
 from bert_jax.objectives.contrastive import ContrastiveSettings, contrastive_sums, l2_normalize
 from bert_jax.tasks.base import Batch, Scores, chunked, unchunked
-from bert_jax.tasks.finetuning import ENCODER, FinetuneSettings, FinetuneTask, example_weight
+from bert_jax.tasks.finetuning import ENCODER, FinetuneSettings, FinetuneTask
 from bert_jax.weights import sentence_transformers_dir as st_dir
 
 POOLINGS = ("mean", "cls", "max")
@@ -73,6 +73,23 @@ def pool_packed(sequence, segment_ids, starts, pooling: str, normalize: bool):
     masked = jnp.where(member[..., None], sequence[:, :, None, :], jnp.finfo(jnp.float32).min)
     vectors = jnp.max(masked, axis=1)  # [R, K, H]
   return l2_normalize(vectors) if normalize else vectors
+
+
+def packed_rows(rows: int, row_multiple: int) -> int:
+  """`rows` packed rows rounded up to a bucket, so that batches take a few shapes (a
+  compilation each): a multiple of `row_multiple` (data x fsdp shards times GradCache chunks)
+  and of a quarter of the power of two below `rows` (at most 1/4 more rows; a run's batches
+  fall in one or two buckets)."""
+  step = max(1, 2 ** (max(rows, 1).bit_length() - 1) // 4)
+  step = row_multiple * -(-step // row_multiple)
+  return max(1, -(-rows // step)) * step
+
+
+def _example_weight(batch: Batch) -> jax.Array:
+  """[B] f32 (`example_weight`, counted in examples: a packed batch has R rows of B texts')."""
+  weight = batch.get("example_weight")
+  return (jnp.ones(batch["text_weight"].shape[:1], jnp.float32) if weight is None
+          else weight.astype(jnp.float32))
 
 
 class BertForEmbedding(nn.Module):
@@ -115,6 +132,9 @@ class EmbeddingSettings(FinetuneSettings):
   symmetric: bool
   mask_false_negatives: bool
   matryoshka_dims: tuple[int, ...]
+  # Train batches packed several texts to a row (`pack_batch`); checkpoints from before it
+  # was a setting did not pack.
+  pack: bool = False
 
   @classmethod
   def config_values(cls, config) -> dict[str, Any]:
@@ -122,7 +142,7 @@ class EmbeddingSettings(FinetuneSettings):
     return {**super().config_values(config), "pooling": e.pooling, "normalize": e.normalize,
             "num_negatives": e.num_negatives, "scale": float(e.scale),
             "symmetric": e.symmetric, "mask_false_negatives": e.mask_false_negatives,
-            "matryoshka_dims": tuple(int(d) for d in e.matryoshka_dims)}
+            "matryoshka_dims": tuple(int(d) for d in e.matryoshka_dims), "pack": e.pack}
 
   @classmethod
   def from_config(cls, config, labels: Sequence[str], model_config: BertConfig) -> Self:
@@ -154,6 +174,8 @@ class EmbeddingTask(FinetuneTask):
   loss_terms = (("contrastive_loss_sum", "contrastive_count"),)
   log_keys = ("contrastive_accuracy",)
   input_names = ("input_ids", "attention_mask")
+  # A packed train batch's model inputs (`pack_batch`), [R, L] and [R, K].
+  packed_names = ("input_ids", "segment_ids", "position_ids", "starts")
 
   @property
   def model(self) -> BertForEmbedding:
@@ -169,6 +191,11 @@ class EmbeddingTask(FinetuneTask):
     """Texts per example: the query, the positive and N negative slots."""
     return 2 + self.settings.num_negatives
 
+  @property
+  def texts_per_row(self) -> int:
+    """K: the most texts a packed row holds (prediction's and training's)."""
+    return max(1, self.settings.max_seq_length // 8)
+
   def example_inputs(self) -> tuple:
     ids = jnp.zeros((1, self.settings.max_seq_length), jnp.int32)
     return ids, ids
@@ -178,6 +205,55 @@ class EmbeddingTask(FinetuneTask):
     return {"input_ids": ((texts, length), jnp.int32),
             "attention_mask": ((texts, length), jnp.int32),
             "text_weight": ((texts,), jnp.float32), "text_hash": ((texts,), jnp.int32)}
+
+  def batch_shapes(self, batch_size: int, row_multiple: int):
+    if not self.settings.pack:
+      return super().batch_shapes(batch_size, row_multiple)
+    texts, length = self.slots, self.settings.max_seq_length
+    rows = packed_rows(-(-batch_size * texts // self.texts_per_row), row_multiple)
+    shapes = {name: ((batch_size, *shape), dtype) for name, (shape, dtype) in
+              self.batch_signature().items() if name in ("text_weight", "text_hash")}
+    return {**shapes, "text_index": ((batch_size, texts), jnp.int32),
+            **{name: ((rows, length), jnp.int32) for name in self.packed_names[:3]},
+            "starts": ((rows, self.texts_per_row), jnp.int32)}
+
+  def batch_packer(self, row_multiple: int):
+    if not self.settings.pack:
+      return None
+    return lambda batch: self.pack_batch(batch, row_multiple)
+
+  def pack_batch(self, batch: dict[str, np.ndarray], row_multiple: int
+                 ) -> tuple[dict[str, np.ndarray], dict[str, np.ndarray]]:
+    """A global train batch of examples [B, 2 + N, L] -> (per example: text_weight, text_hash
+    and text_index [B, 2 + N], each text's place r K + k among the packed rows' slots; the rows:
+    input_ids, segment_ids, position_ids [R, L] and starts [R, K]). The batch's texts go best
+    fit decreasing (`packing.pack`) up to K = `texts_per_row` to a row, each [CLS] text [SEP]
+    its own segment with positions from 0, so that each embedding equals the text's alone.
+    R is rounded up to a bucket (`packed_rows`), a multiple of `row_multiple`."""
+    ids, mask, weight = batch["input_ids"], batch["attention_mask"], batch["text_weight"]
+    examples, texts, length = ids.shape
+    slots = self.texts_per_row
+    lengths = mask.sum(axis=-1).reshape(-1)  # [B (2 + N)]
+    present = np.flatnonzero(weight.reshape(-1) > 0)
+    groups = packing.pack(lengths[present].tolist(), length, slots)
+    rows = packed_rows(len(groups), row_multiple)
+    packed = {name: np.zeros((rows, length), np.int32) for name in self.packed_names[:3]}
+    packed["starts"] = np.zeros((rows, slots), np.int32)
+    text_index = np.zeros((examples * texts,), np.int32)  # Absent texts (weight 0): slot 0.
+    flat_ids = ids.reshape(examples * texts, length)
+    for row, members in enumerate(groups):
+      start = 0
+      for slot, member in enumerate(members):
+        text = present[member]
+        end = start + lengths[text]
+        packed["input_ids"][row, start:end] = flat_ids[text, :lengths[text]]
+        packed["segment_ids"][row, start:end] = slot + 1
+        packed["position_ids"][row, start:end] = np.arange(lengths[text])
+        packed["starts"][row, slot] = start
+        text_index[text] = row * slots + slot
+        start = end
+    return ({"text_weight": weight, "text_hash": batch["text_hash"],
+             "text_index": text_index.reshape(examples, texts)}, packed)
 
   # ------------------------------------------------------------ inside the jitted step
   def embed(self, params, batch: Batch, dropout_rng) -> jax.Array:
@@ -196,15 +272,21 @@ class EmbeddingTask(FinetuneTask):
     return vectors.reshape(rows, texts, -1)
 
   def sums_from_embeddings(self, embeddings, batch: Batch) -> dict[str, jax.Array]:
-    """[B, 2 + N, H] embeddings of the whole batch -> the contrastive sums."""
+    """[B, 2 + N, H] embeddings of the whole batch (or of its packed rows, [R, K, H], taken
+    to the examples' texts by `text_index`) -> the contrastive sums."""
     weights, hashes = batch["text_weight"], batch["text_hash"]
+    if "text_index" in batch:
+      embeddings = embeddings.reshape(-1, embeddings.shape[-1])[batch["text_index"]]
     return contrastive_sums(
         embeddings[:, 0], embeddings[:, 1], embeddings[:, 2:],
-        example_weight(batch) * weights[:, 1], weights[:, 2:], self.settings.contrastive,
+        _example_weight(batch) * weights[:, 1], weights[:, 2:], self.settings.contrastive,
         (hashes[:, 0], hashes[:, 1], hashes[:, 2:]))
 
   def loss_counts(self, batch: Batch) -> dict[str, jax.Array]:
-    return {"contrastive_count": jnp.sum(example_weight(batch) * batch["text_weight"][:, 1])}
+    return {"contrastive_count": jnp.sum(_example_weight(batch) * batch["text_weight"][:, 1])}
+
+  def examples(self, batch: Batch) -> jax.Array:
+    return jnp.float32(batch["text_weight"].shape[0])  # Packed or not: B.
 
   def loss_sums(self, params, batch: Batch, dropout_rng) -> dict[str, jax.Array]:
     return self.sums_from_embeddings(self.embed(params, batch, dropout_rng), batch)
@@ -214,8 +296,8 @@ class EmbeddingTask(FinetuneTask):
     gradient, the negatives of the whole batch either way (the module docstring)."""
     if num_chunks == 1:
       return super().gradients(params, batch, dropout_rng, counts, 1)
-    inputs = {name: batch[name] for name in self.input_names}
-    chunks = chunked(inputs, num_chunks)  # [C, B/C, 2 + N, L]
+    names = self.packed_names if "segment_ids" in batch else self.input_names
+    chunks = chunked({name: batch[name] for name in names}, num_chunks)  # [C, B/C, 2 + N, L]
     indices = jnp.arange(num_chunks)
 
     def embed_chunk(params, chunk, index):
@@ -223,7 +305,8 @@ class EmbeddingTask(FinetuneTask):
 
     # 1. Every chunk's embeddings, no activations kept.
     embedded = jax.lax.map(lambda xs: embed_chunk(params, xs[0], xs[1]), (chunks, indices))
-    embeddings = unchunked(jax.lax.stop_gradient(embedded), num_chunks)  # [B, 2 + N, H]
+    # [B, 2 + N, H] (packed: [R, K, H])
+    embeddings = unchunked(jax.lax.stop_gradient(embedded), num_chunks)
 
     # 2. The whole batch's loss and its gradient with respect to each embedding.
     def loss_of(embeddings):

@@ -85,7 +85,9 @@ class FinetuneSettings:
   def from_meta(cls, meta: dict[str, Any]) -> Self:
     """The settings a checkpoint's task meta recorded (`FinetuneTask.meta`)."""
     meta = {"head": "bert", **meta}
-    values = {f.name: meta[f.name] for f in dataclasses.fields(cls)}
+    # A field with a default may postdate the checkpoint: its default is what that run did.
+    values = {f.name: meta[f.name] for f in dataclasses.fields(cls)
+              if f.name in meta or f.default is dataclasses.MISSING}
     # JSON gave lists: settings are hashable (a task keys the compiled programs).
     return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in values.items()})
 
@@ -201,6 +203,12 @@ class FinetuneTask(Task):
     for name, (shape, dtype) in self.target_signature.items():
       signature[name] = (tuple(length if d == "L" else d for d in shape), dtype)
     return signature
+
+  def batch_packer(self, row_multiple: int) -> "finetune_data.Packer | None":
+    """What packs a global train batch into rows (`TrainBatches`' `pack`; their count a
+    multiple of `row_multiple`), or None: a row is an example (the default)."""
+    del row_multiple
+    return None
 
   def apply(self, params, batch: Batch, dropout_rng: jax.Array | None):
     """The model's raw outputs on a batch (dropout on when `dropout_rng` is given)."""

@@ -5,6 +5,7 @@ the report of a compiled step's memory and FLOPs (`launch/train.py --compile_onl
 
 import dataclasses
 import functools
+import math
 import time
 from typing import Any, Callable
 
@@ -81,11 +82,20 @@ def check_batch_sizes(settings: TrainSettings, mesh) -> None:
   sharding.batch_size_per_shard(settings.eval_batch_size, mesh, "config.train.eval_batch_size")
 
 
-def batch_spec(task: Task, batch_size: int, mesh) -> dict[str, jax.ShapeDtypeStruct]:
-  """Abstract global train batch of `task`, split over data x fsdp."""
-  return {name: jax.ShapeDtypeStruct((batch_size, *shape), dtype,
-                                     sharding=sharding.batch_sharding(mesh, 1 + len(shape)))
-          for name, (shape, dtype) in task.batch_signature().items()}
+def row_multiple(mesh, grad_accum_steps: int) -> int:
+  """What a packed batch's row count must divide by: every data x fsdp shard gets the same rows
+  in each of the `grad_accum_steps` chunks, and every process its equal share."""
+  shards = mesh.shape["data"] * mesh.shape["fsdp"]
+  return math.lcm(shards * grad_accum_steps, jax.process_count())
+
+
+def batch_spec(task: Task, batch_size: int, mesh, grad_accum_steps: int = 1
+               ) -> dict[str, jax.ShapeDtypeStruct]:
+  """Abstract global train batch of `task` (`Task.batch_shapes`), split over data x fsdp."""
+  shapes = task.batch_shapes(batch_size, row_multiple(mesh, grad_accum_steps))
+  return {name: jax.ShapeDtypeStruct(shape, dtype,
+                                     sharding=sharding.batch_sharding(mesh, len(shape)))
+          for name, (shape, dtype) in shapes.items()}
 
 
 def memory_report(compiled) -> dict[str, float]:
@@ -108,12 +118,12 @@ def memory_report(compiled) -> dict[str, float]:
 
 
 def compile_step(batch_size: int, task: Task, mesh, prog: Program,
-                 log: Callable[[str], None]):
-  """The train step at `batch_size` rows compiled against abstract shapes; logs time, memory
-  and FLOPs."""
+                 log: Callable[[str], None], grad_accum_steps: int = 1):
+  """The train step at `batch_size` examples compiled against abstract shapes; logs time,
+  memory and FLOPs."""
   start = time.time()
   compiled = prog.train_step.lower(prog.sharded_abstract_state(),
-                                   batch_spec(task, batch_size, mesh),
+                                   batch_spec(task, batch_size, mesh, grad_accum_steps),
                                    jax.random.key(0)).compile()
   log(f"Compiled the train step in {time.time() - start:.1f} s on {jax.device_count()} "
       f"devices, mesh {dict(mesh.shape)}")
@@ -138,7 +148,8 @@ def compile_report(settings: TrainSettings, task: Task) -> dict[str, Any]:
   prog = make_program(settings, task, mesh)
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(settings.mesh)):
     start = time.time()
-    compiled = compile_step(settings.batch_size, task, mesh, prog, log=lambda message: None)
+    compiled = compile_step(settings.batch_size, task, mesh, prog, lambda message: None,
+                            settings.step.grad_accum_steps)
   return {"compile_seconds": time.time() - start, "devices": jax.device_count(),
           "mesh": dict(mesh.shape), **memory_report(compiled),
           "model_flops_per_step": settings.batch_size * (task.flops_per_example() or 0.0)}

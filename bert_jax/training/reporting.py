@@ -33,7 +33,7 @@ def peak_flops(task: Task) -> float | None:
 
 class MetricSums:
   """Host-side sums of step metrics (`steps.train_step`'s: the task's sums and counts, loss,
-  grad_norm, learning_rate, real_tokens, examples); checks every step's loss is finite."""
+  grad_norm, learning_rate, real_tokens, slots, examples); checks every step's loss is finite."""
 
   def __init__(self, task: Task):
     self.task = task
@@ -59,6 +59,7 @@ class MetricSums:
     report["grad_norm"] = self.sums["grad_norm"] / max(self.steps, 1)
     report["learning_rate"] = self.last.get("learning_rate", 0.0)
     report["real_tokens"] = self.sums["real_tokens"]  # Over the interval's steps.
+    report["slots"] = self.sums["slots"]
     # batch_size counts rows, and a row packs up to K examples: the examples a step learns from.
     report["examples_per_step"] = self.sums["examples"] / max(self.steps, 1)
     self.sums.clear()
@@ -128,19 +129,18 @@ class Reporter:
     interval, total = self.interval, self.settings.num_train_steps
     elapsed, steps_done = time.time() - interval.start, interval.steps
     report = self.sums.report()
-    examples = steps_done * self.settings.batch_size
-    slots = examples * self.task.seq_len
     # Slots are not work: throughput and MFU count the real (non-padding) tokens.
-    report["fill_rate"] = report.pop("real_tokens") / slots
+    real, slots = report.pop("real_tokens"), report.pop("slots")
+    report["fill_rate"] = real / slots
     report["tokens_per_sec"] = slots / elapsed
-    report["real_tokens_per_sec"] = report["fill_rate"] * slots / elapsed
+    report["real_tokens_per_sec"] = real / elapsed
     report["steps_per_sec"] = steps_done / elapsed
     # Near 0: the input keeps up; near 1: the accelerator waits for data (input-bound).
     report["input_wait_fraction"] = interval.input_wait / elapsed
     flops_per_example = self.task.flops_per_example()
     if flops_per_example and self.peak:
-      # The model FLOPs of the real tokens: those of the slots times the fill rate.
-      report["mfu"] = examples * flops_per_example * report["fill_rate"] / elapsed / self.peak
+      # The model FLOPs of the real tokens: an example's FLOPs per slot, times the real tokens.
+      report["mfu"] = real * flops_per_example / self.task.seq_len / elapsed / self.peak
     self.writer.write(step, "train", report)
     shown = " ".join(f"{k} {report[k]:.4f}" for k in ("loss", *self.task.log_keys))
     mfu = f" mfu {report['mfu']:.1%}" if "mfu" in report else ""

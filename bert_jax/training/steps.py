@@ -37,7 +37,7 @@ def train_step(state: TrainState, batch: dict, rng, *, task: Task,
   default microbatch gradients accumulated over `grad_accum_steps`) give exactly the full-batch
   gradient. Params under `task.frozen` are carried over as they
   are (bit-identical whatever the float rules). Returns metrics as sums and counts (the task's,
-  real_tokens, examples) plus loss, grad_norm (of the trained params) and the learning rate used.
+  real_tokens, slots (the size of input_ids), examples) plus loss, grad_norm (of the trained params) and the learning rate used.
   """
   rng = jax.random.fold_in(rng, state.step)
   prepare_rng, dropout_rng = jax.random.split(rng)
@@ -51,7 +51,7 @@ def train_step(state: TrainState, batch: dict, rng, *, task: Task,
   trained_grads = {k: v for k, v in grads.items() if k not in task.frozen}
   metrics = {**sums, "loss": loss, "grad_norm": optax.tree.norm(trained_grads),
              "learning_rate": schedule(state.step), "real_tokens": task.real_tokens(batch),
-             "examples": task.examples(batch)}
+             "slots": jnp.float32(batch["input_ids"].size), "examples": task.examples(batch)}
   return state.replace(step=state.step + 1, params=params, opt_state=opt_state), metrics
 
 
