@@ -7,6 +7,8 @@ import shutil
 import sys
 import tempfile
 
+import pytest
+
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 from suite_flags import xla_flags  # noqa: E402  (the flags of every process the tests start)
 
@@ -66,6 +68,22 @@ E2E_TESTS = (
     "test_embedding.py::test_sigterm_saves_and_the_resumed_run_is_bit_identical")
 
 
+@pytest.fixture(scope="module")
+def one_device():
+  """In-process trainings on one of the 8 simulated devices: the meshes that
+  `sharding.make_mesh` builds without explicit devices (the trainer's, the drivers') hold the
+  first device only. For tests whose trainings pin what a mesh does not change (learning,
+  resume, errors, exports): on 2 cores the 8-device step costs ~1.4x (compiling 8 partitions).
+  The mesh tests pass their devices or run a launcher on 8."""
+  import jax  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import sharding  # pylint: disable=import-outside-toplevel
+  make_mesh = sharding.make_mesh
+  with pytest.MonkeyPatch.context() as patch:  # A module's fixtures train on one device too.
+    patch.setattr(sharding, "make_mesh", lambda mesh_config, devices=None: make_mesh(
+        mesh_config, jax.devices()[:1] if devices is None else devices))
+    yield
+
+
 def pytest_configure(config):
   config.addinivalue_line("markers", "e2e: starts processes or trains for many steps "
                           "(tests/conftest.py E2E_FILES); -m 'not e2e' runs the unit tests")
@@ -74,7 +92,6 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(items):
   """Heaviest files first (see HEAVIEST_FILES); the order within a file is kept. Tests of
   E2E_FILES get the e2e marker."""
-  import pytest  # pylint: disable=import-outside-toplevel
   for item in items:
     if (os.path.basename(str(item.path)) in E2E_FILES
         or any(item.nodeid.endswith(test) or f"{test}[" in item.nodeid for test in E2E_TESTS)):

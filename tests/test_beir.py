@@ -15,6 +15,8 @@ from bert_jax.downstream import beir, retrieval
 from tests.suite_flags import xla_flags
 from tests.test_embedding import DOC_WORDS, FILLER, QUERY_WORDS, _pairs_config
 
+pytestmark = pytest.mark.usefixtures("one_device")  # tests/conftest.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -32,6 +32,8 @@ from configs import finetune_classification, finetune_qa, finetune_tagging
 from tests import test_finetune as ft
 from tests.suite_flags import xla_flags
 
+pytestmark = pytest.mark.usefixtures("one_device")  # tests/conftest.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOLERANCE = 1e-5  # Max abs logit difference, float32.
 AUTO_MODELS = {"classification": transformers.AutoModelForSequenceClassification,

@@ -42,6 +42,8 @@ from configs import finetune_classification, finetune_qa, finetune_tagging
 from tests import test_finetune as ft, test_hf_heads as heads_test
 from tests.suite_flags import xla_flags
 
+pytestmark = pytest.mark.usefixtures("one_device")  # tests/conftest.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOLERANCE = 1e-4  # Max abs MLM logit difference, float32.
 # A tiny ModernBERT: 4 layers, global at 0 and 3, local (window 8: +-4 rows) at 1 and 2.

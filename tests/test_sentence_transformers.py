@@ -17,6 +17,8 @@ from bert_jax.weights import hf_export
 from tests.suite_flags import xla_flags
 from tests.test_embedding import _pairs_config
 
+pytestmark = pytest.mark.usefixtures("one_device")  # tests/conftest.py
+
 torch = pytest.importorskip("torch")
 with warnings.catch_warnings():
   warnings.simplefilter("ignore")

@@ -30,6 +30,8 @@ from bert_jax.tasks.classification import BertForSequenceClassification
 from configs import finetune_classification, tiny
 from tests.test_finetune import _write_vocab, write_jsonl
 
+pytestmark = pytest.mark.usefixtures("one_device")  # tests/conftest.py
+
 WORDS = ["same", "other", "red", "blue", "green", "cat", "dog", "sun", "moon", "tree"]
 
 

@@ -20,6 +20,8 @@ import pytest  # noqa: E402
 from bert_jax.objectives.masking import max_targets_per_row  # noqa: E402
 from tests.suite_flags import xla_flags  # noqa: E402
 
+pytestmark = pytest.mark.usefixtures("one_device")  # tests/conftest.py
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 WORDS = ("the model reads text and learns which sentence comes next while masked words are "
          "predicted from their context in every layer of the network on each step").split()
