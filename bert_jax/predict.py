@@ -270,13 +270,6 @@ def load_embedding_model(path: str) -> Finetuned:
   return Finetuned(task, jax.device_put(encoder), vocab, {}, 0)
 
 
-def embed(model: Finetuned, texts: Sequence[str], batch_size: int) -> np.ndarray:
-  """[len(texts), H] f32 embeddings (`predict.outputs` of --mode=embed)."""
-  data, outputs = predict.outputs(model, [{"text": t} for t in texts], batch_size)
-  rows = np.asarray([e["row"] for e in data.examples])
-  slots = np.asarray([e["slot"] for e in data.examples])
-  return np.asarray(outputs["embeddings"][rows, slots], np.float32)
-
 def embed(model: Finetuned, texts: Sequence[str], batch_size: int = 32) -> np.ndarray:
   """[len(texts), H] f32 embeddings, texts packed several to a row (`encode_texts`)."""
   data, outputs_ = outputs(model, [{"text": t} for t in texts], batch_size)

@@ -175,6 +175,7 @@ FINETUNING_BAD = _SHARED_BAD + [
     ("embedding.num_negatives", -1), ("embedding.scale", 0.0), ("embedding.scale", -20.0),
     ("embedding.symmetric", None), ("embedding.mask_false_negatives", None),
     ("embedding.matryoshka_dims", (64, 64)), ("embedding.matryoshka_dims", (0,)),
+    ("embedding.pack", None),
 ]
 
 
