@@ -32,7 +32,6 @@ import argparse
 import json
 import os
 import random
-import subprocess
 import sys
 import tempfile
 
@@ -41,10 +40,10 @@ import numpy as np
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-from provenance import commit  # noqa: E402  (benchmarks/, put on sys.path above)
+from embedding_speed import MODELS, run_role  # noqa: E402  (benchmarks/, on sys.path above)
+from provenance import commit  # noqa: E402
 
 RESULTS = os.path.join(REPO, "benchmarks", "results", "embedding_quality.jsonl")
-MODELS = {"small": (4, 256, 4, 1024), "tiny": (2, 128, 2, 512)}
 WEIGHT_DECAY, WARMUP_FRACTION, MAX_GRAD_NORM = 0.01, 0.1, 1.0
 
 
@@ -166,15 +165,10 @@ def torch_run(args, directory: str, seed: int) -> dict:
 
 
 def _worker(args, directory: str, role: str, seed: int = 0) -> dict:
-  command = [sys.executable, os.path.abspath(__file__), f"--role={role}", f"--seed={seed}",
-             f"--directory={directory}", f"--model={args.model}", f"--batch={args.batch}",
-             f"--length={args.length}", f"--epochs={args.epochs}", f"--lr={args.lr}",
-             f"--vocab_size={args.vocab_size}", f"--pack={args.pack}"]
-  env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "TOKENIZERS_PARALLELISM": "false"}
-  done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
-  if done.returncode:
-    raise RuntimeError(f"{role} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
-  return json.loads(done.stdout.strip().splitlines()[-1])
+  return run_role(__file__, role, [
+      f"--seed={seed}", f"--directory={directory}", f"--model={args.model}",
+      f"--batch={args.batch}", f"--length={args.length}", f"--epochs={args.epochs}",
+      f"--lr={args.lr}", f"--vocab_size={args.vocab_size}", f"--pack={args.pack}"])
 
 
 def main() -> None:

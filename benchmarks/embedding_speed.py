@@ -140,16 +140,21 @@ def measure_torch(args, directory: str) -> dict:
           "real_tokens_per_sec": tokens / elapsed}
 
 
-def _worker(args, directory: str, role: str) -> dict:
-  command = [sys.executable, os.path.abspath(__file__), f"--role={role}",
-             f"--directory={directory}", f"--model={args.model}", f"--batch={args.batch}",
-             f"--length={args.length}", f"--steps={args.steps}",
-             f"--warmup_steps={args.warmup_steps}"]
+def run_role(script: str, role: str, flags: list[str]) -> dict:
+  """`script --role=ROLE FLAGS` in its own process (one CPU device, XLA's default flags) -> the
+  JSON object of its last output line."""
+  command = [sys.executable, os.path.abspath(script), f"--role={role}", *flags]
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": "", "TOKENIZERS_PARALLELISM": "false"}
   done = subprocess.run(command, cwd=REPO, env=env, capture_output=True, text=True)
   if done.returncode:
     raise RuntimeError(f"{role} failed:\n{done.stdout[-3000:]}\n{done.stderr[-3000:]}")
   return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _worker(args, directory: str, role: str) -> dict:
+  return run_role(__file__, role, [
+      f"--directory={directory}", f"--model={args.model}", f"--batch={args.batch}",
+      f"--length={args.length}", f"--steps={args.steps}", f"--warmup_steps={args.warmup_steps}"])
 
 
 def main() -> None:
