@@ -8,8 +8,8 @@ Its train pairs train; its held-out split in BEIR's layout scores (every held-ou
 candidate for every held-out query, exact search, nDCG@10 / MRR@10 / recall@100 / MAP by
 `bert_jax/downstream/retrieval.py`, trec_eval's definitions).
 
-The encoder: one bert_jax run of one step from random init (--model's size, a 4000-piece
-sentencepiece vocabulary trained on the train pairs), exported with
+The encoder: a bert_jax run of one step with the encoder frozen, so its random init itself
+(--model's size, a 4000-piece sentencepiece vocabulary trained on the train pairs), exported with
 `launch/convert.py --to_sentence_transformers`; both sides start from it (a from-scratch
 encoder: what the comparison tests is the training, not a pretrained model's head start).
 
@@ -22,7 +22,7 @@ encoder: what the comparison tests is the training, not a pretrained model's hea
     clipping at 1.0, the same batches per epoch count, shuffled per seed; `model.encode` to score.
   - zero-shot: the starting encoder, scored by bert_jax.
 
-  .venv/bin/python benchmarks/embedding_quality.py --seeds=0,1,2     # ~15 min on 2 cores
+  .venv/bin/python benchmarks/embedding_quality.py --seeds=0,1,2     # ~7 min on 2 cores
 
 One JSON line per run (side, seed, metrics), then a summary (mean and standard deviation per
 side), appended to benchmarks/results/embedding_quality.jsonl with the commit.

@@ -139,6 +139,15 @@ def test_packed_rows_hold_every_text_once_and_train_as_one_text_per_row(one_devi
   _close(params, one_device[1], 1e-6)
 
 
+def test_a_checkpoint_from_before_pack_reads_as_unpacked():
+  """Task meta written before `pack` was a setting (no such key) restores with pack off; a
+  meta with it round-trips."""
+  meta = _task(pack=True).meta()
+  assert EmbeddingSettings.from_meta(meta).pack is True
+  del meta["pack"]
+  assert EmbeddingSettings.from_meta(meta) == _task().settings
+
+
 def test_packed_batches_split_over_processes_as_one_process_reads_them():
   """Two processes take their halves of the examples and of the packed rows of the same
   global batch; their text_index points into the global rows."""

@@ -78,8 +78,8 @@ def pool_packed(sequence, segment_ids, starts, pooling: str, normalize: bool):
 def packed_rows(rows: int, row_multiple: int) -> int:
   """`rows` packed rows rounded up to a bucket, so that batches take a few shapes (a
   compilation each): a multiple of `row_multiple` (data x fsdp shards times GradCache chunks)
-  and of a quarter of the power of two below `rows` (at most 1/4 more rows; a run's batches
-  fall in one or two buckets)."""
+  and of a quarter of the power of two below `rows` (at most 1/4 more rows, or up to the next
+  multiple of `row_multiple` when that is larger; a run's batches fall in a few buckets)."""
   step = max(1, 2 ** (max(rows, 1).bit_length() - 1) // 4)
   step = row_multiple * -(-step // row_multiple)
   return max(1, -(-rows // step)) * step
@@ -174,8 +174,9 @@ class EmbeddingTask(FinetuneTask):
   loss_terms = (("contrastive_loss_sum", "contrastive_count"),)
   log_keys = ("contrastive_accuracy",)
   input_names = ("input_ids", "attention_mask")
-  # A packed train batch's model inputs (`pack_batch`), [R, L] and [R, K].
-  packed_names = ("input_ids", "segment_ids", "position_ids", "starts")
+  # A packed train batch's token inputs [R, L] (`pack_batch`), then all its model inputs.
+  packed_token_names = ("input_ids", "segment_ids", "position_ids")
+  packed_names = (*packed_token_names, "starts")  # starts: [R, K].
 
   @property
   def model(self) -> BertForEmbedding:
@@ -214,7 +215,7 @@ class EmbeddingTask(FinetuneTask):
     shapes = {name: ((batch_size, *shape), dtype) for name, (shape, dtype) in
               self.batch_signature().items() if name in ("text_weight", "text_hash")}
     return {**shapes, "text_index": ((batch_size, texts), jnp.int32),
-            **{name: ((rows, length), jnp.int32) for name in self.packed_names[:3]},
+            **{name: ((rows, length), jnp.int32) for name in self.packed_token_names},
             "starts": ((rows, self.texts_per_row), jnp.int32)}
 
   def batch_packer(self, row_multiple: int):
@@ -237,7 +238,7 @@ class EmbeddingTask(FinetuneTask):
     present = np.flatnonzero(weight.reshape(-1) > 0)
     groups = packing.pack(lengths[present].tolist(), length, slots)
     rows = packed_rows(len(groups), row_multiple)
-    packed = {name: np.zeros((rows, length), np.int32) for name in self.packed_names[:3]}
+    packed = {name: np.zeros((rows, length), np.int32) for name in self.packed_token_names}
     packed["starts"] = np.zeros((rows, slots), np.int32)
     text_index = np.zeros((examples * texts,), np.int32)  # Absent texts (weight 0): slot 0.
     flat_ids = ids.reshape(examples * texts, length)
