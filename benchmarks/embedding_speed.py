@@ -20,7 +20,10 @@ exported with `launch/convert.py --to_sentence_transformers`, and both sides sta
 Each measurement is its own process, run in turn (jax, jax unpacked, torch; --repeats times), so
 the machine's load hits all alike; torch and XLA get the same cores. Ratios are bert_jax /
 sentence-transformers in pairs per second (a pair: a query and its positive) and real tokens per
-second. One JSON line per measurement, then one with the ratios, appended to
+second, and slots (token positions computed, padding included: real tokens / fill rate) per
+second: pairs/s = slots/s x fill / tokens per pair, so the pairs ratio is the product of the
+slots/s ratio (speed per position) and the fill ratio (positions not spent on padding). One JSON
+line per measurement, then one with the ratios, appended to
 benchmarks/results/embedding_speed.jsonl with the commit.
 
   .venv/bin/python benchmarks/embedding_speed.py                 # ~10 min on 2 cores
@@ -100,10 +103,12 @@ def measure_jax(args, directory: str, pack: bool) -> dict:
   seconds = np.array([1.0 / r["steps_per_sec"] for r in timed])
   kept = seconds <= 5 * np.median(seconds)
   tokens = np.array([r["real_tokens_per_sec"] / r["steps_per_sec"] for r in timed])
+  fill = np.array([r["fill_rate"] for r in timed])  # Real tokens / (rows x L) of each step.
   return {"side": "bert_jax" + ("" if pack else "_unpacked"),
           "pairs_per_sec": kept.sum() * args.batch / seconds[kept].sum(),
           "real_tokens_per_sec": tokens[kept].sum() / seconds[kept].sum(),
-          "fill_rate": float(np.mean([r["fill_rate"] for r in timed])),
+          "fill_rate": float(np.mean(fill)),
+          "slots_per_sec": (tokens / fill)[kept].sum() / seconds[kept].sum(),
           "compiles_dropped": int((~kept).sum())}
 
 
@@ -123,13 +128,14 @@ def measure_torch(args, directory: str) -> dict:
   optimizer = torch.optim.AdamW(model.parameters(), lr=LEARNING_RATE, weight_decay=0.01)
   records = [json.loads(line) for line in open(os.path.join(directory, "train.jsonl"))]
   total = args.warmup_steps + args.steps
-  tokens, start = 0, None
+  tokens, slots, start = 0, 0, None
   for step in range(total):
     if step == args.warmup_steps:
-      tokens, start = 0, time.perf_counter()
+      tokens, slots, start = 0, 0, time.perf_counter()
     batch = [records[(step * args.batch + i) % len(records)] for i in range(args.batch)]
     features = [model.tokenize([r[k] for r in batch]) for k in ("query", "positive")]
     tokens += sum(int(f["attention_mask"].sum()) for f in features)
+    slots += sum(f["attention_mask"].numel() for f in features)  # Padded to each side's longest.
     loss = loss_fn(features, None)
     optimizer.zero_grad()
     loss.backward()
@@ -137,7 +143,8 @@ def measure_torch(args, directory: str) -> dict:
     optimizer.step()
   elapsed = time.perf_counter() - start
   return {"side": "sentence_transformers", "pairs_per_sec": args.steps * args.batch / elapsed,
-          "real_tokens_per_sec": tokens / elapsed}
+          "real_tokens_per_sec": tokens / elapsed, "fill_rate": tokens / slots,
+          "slots_per_sec": slots / elapsed}
 
 
 def run_role(script: str, role: str, flags: list[str]) -> dict:
@@ -192,7 +199,7 @@ def main() -> None:
              "batch": args.batch, "seq_len": args.length, "steps": args.steps, **pairs}
   for side in ("bert_jax", "bert_jax_unpacked"):
     ours = [r for r in rows if r["side"] == side]
-    for unit in ("pairs_per_sec", "real_tokens_per_sec"):
+    for unit in ("pairs_per_sec", "real_tokens_per_sec", "slots_per_sec", "fill_rate"):
       summary[f"{side}_over_st_{unit}"] = [round(a[unit] / b[unit], 3)
                                            for a, b in zip(ours, peer)]
   print(json.dumps(summary))

@@ -2,6 +2,12 @@
 (bert_jax/data/local_suite.py: scipy_topic, param_match, code_tags, built from the installed
 numpy / scipy docstrings) with the same recipe, and a table of the validation scores.
 
+--retrieval adds the offline retrieval suite (bert_jax/data/local_retrieval.py) as the task
+`local_retrieval`: the embedding task (configs/finetune_embedding.py: InfoNCE with in-batch
+negatives, scale 20, mean pooling, normalised; packed rows) on its train pairs, scored by
+nDCG@10 of every held-out query against every held-out document (split by source file). Its
+`chance` is the expected nDCG@10 of a random ranking.
+
 Encoders: `name=path` pairs, a path being anything config.init_from takes (a pretraining
 workdir, a bert_jax pretrained directory, ...), or `name=scratch`: random init, the model of
 --scratch_config and the vocabulary of --scratch_vocab (default: the first listed encoder's, so
@@ -27,12 +33,16 @@ Run:
   .venv/bin/python launch/train.py --config=configs/tiny.py --workdir=/tmp/ls_tiny \
       --config.train.num_train_steps=800
   .venv/bin/python benchmarks/local_suite.py --encoders=tiny800=/tmp/ls_tiny,scratch
+  # Embedding models from pretrained encoders against their from-scratch twins (docs/embeddings.md):
+  .venv/bin/python benchmarks/local_suite.py --retrieval --tasks=local_retrieval --seeds=3 \
+      --encoders=tiny=/tmp/twins/tiny,tiny_scratch=scratch --output=<file>
 """
 
 import argparse
 import dataclasses
 import importlib
 import json
+import math
 import os
 import random
 import statistics
@@ -43,7 +53,7 @@ import time
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from bert_jax import finetune  # noqa: E402
-from bert_jax.data import local_suite  # noqa: E402
+from bert_jax.data import local_retrieval, local_suite  # noqa: E402
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results",
                        "local_suite.jsonl")
@@ -64,6 +74,22 @@ def parse_encoders(text: str) -> dict[str, str]:
 def is_scratch(path: str) -> bool:
   """"scratch" or "scratch:<config module>": random init."""
   return path == SCRATCH or path.startswith(SCRATCH + ":")
+
+
+def random_ndcg_at_10(documents: int) -> float:
+  """Expected nDCG@10 of a uniformly random ranking of `documents` with one relevant: the
+  relevant one lies at each rank r with probability 1/documents (ideal DCG 1)."""
+  return sum(1 / math.log2(r + 1) for r in range(1, min(10, documents) + 1)) / documents
+
+
+def retrieval_task(directory: str) -> local_suite.LocalTask:
+  """The offline retrieval suite as a LocalTask of the embedding task."""
+  files = local_retrieval.build(directory)
+  with open(files["validation_file"]) as f:
+    documents = len({json.loads(line)["positive"] for line in f})
+  return local_suite.LocalTask("local_retrieval", "embedding", files["train_file"],
+                               files["validation_file"], "ndcg@10", 128,
+                               random_ndcg_at_10(documents))
 
 
 def sample_train(task: local_suite.LocalTask, n: int, directory: str) -> local_suite.LocalTask:
@@ -108,6 +134,8 @@ def task_config(task: local_suite.LocalTask, init_from: str, args, vocab: str, s
   config.train.update(batch_size=32, num_train_epochs=args.epochs,
                       learning_rate=args.learning_rate, eval_every_steps=0,
                       log_every_steps=100, freeze_encoder=args.freeze_encoder)
+  if task.task == "embedding":  # Pairs only (no hard negatives), packed several texts a row.
+    config.embedding.update(num_negatives=0, pack=True)
   config.checkpoint.save_every_steps = 0  # The last step only.
   config.logging.tensorboard = False
   return config
@@ -152,6 +180,32 @@ def print_table(rows: list[dict], encoders: list[str]) -> None:
     print(f"{encoder}: {total:.1f} min for the suite ({len(tasks)} tasks, all seeds)")
 
 
+def plot(rows: list[dict], encoders: list[str], path: str, title: str) -> None:
+  """One panel per task: each encoder's mean score (a bar) and its seeds (points), chance as a
+  dashed line (matplotlib: requirements-bench.txt)."""
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  tasks = list(dict.fromkeys(r["task"] for r in rows))
+  figure, axes = plt.subplots(1, len(tasks), figsize=(1.0 + 1.2 * len(encoders) * len(tasks), 4),
+                              squeeze=False)
+  for axis, task in zip(axes[0], tasks):
+    mine = [r for r in rows if r["task"] == task]
+    for x, encoder in enumerate(encoders):
+      scores = [r["score"] for r in mine if r["encoder"] == encoder]
+      axis.bar(x, statistics.mean(scores), color=f"C{x}", alpha=0.6)
+      axis.plot([x] * len(scores), scores, "k.", markersize=5)
+    axis.axhline(mine[0]["chance"], color="gray", linestyle="--", linewidth=1, label="chance")
+    axis.set_xticks(range(len(encoders)), encoders, rotation=30, ha="right", fontsize=8)
+    axis.set_ylabel(f"{mine[0]['metric']} (validation)")
+    axis.set_title(task, fontsize=9)
+    axis.grid(axis="y", alpha=0.3)
+    axis.legend(fontsize=7)
+  figure.suptitle(title, fontsize=9)
+  figure.tight_layout()
+  figure.savefig(path, dpi=120)
+
+
 def parser() -> argparse.ArgumentParser:
   """The suite's flags (benchmarks/recipes.py --finetune takes them too)."""
   p = argparse.ArgumentParser(description=__doc__.splitlines()[0], add_help=False)
@@ -159,6 +213,8 @@ def parser() -> argparse.ArgumentParser:
                  "temporary directory)")
   p.add_argument("--tasks", default="", help="comma-separated task names (default: all)")
   p.add_argument("--seeds", type=int, default=1)
+  p.add_argument("--retrieval", action="store_true", help="add the offline retrieval suite as "
+                 "the task local_retrieval (the embedding task, nDCG@10)")
   p.add_argument("--train_examples", type=int, default=0, help="fine-tune on a seeded sample "
                  "of this many training examples of each task (0: all)")
   p.add_argument("--learning_rate", type=float, default=3e-4)
@@ -179,6 +235,8 @@ def run(encoders: dict[str, str], args) -> list[dict]:
   with tempfile.TemporaryDirectory(prefix="local_suite_") as tmp:
     suite_dir = args.suite_dir or os.path.join(tmp, "suite")
     suite = local_suite.build(suite_dir)
+    if args.retrieval:
+      suite.append(retrieval_task(os.path.join(suite_dir, "retrieval")))
     wanted = set(filter(None, args.tasks.split(",")))
     suite = [t for t in suite if not wanted or t.name in wanted]
     if args.train_examples:
@@ -196,13 +254,21 @@ def main():
   p.add_argument("--encoders", required=True, help="name=path,...; path 'scratch' or "
                  "'scratch:<config module>': random init")
   p.add_argument("--output", default=RESULTS, help="JSONL of one row per run (rewritten)")
+  p.add_argument("--plot", default="", help="PNG of the scores: a panel per task, a bar per "
+                 "encoder (mean) with its seeds as points")
   args = p.parse_args()
+  if args.plot:
+    from race import check_plotting  # pylint: disable=import-outside-toplevel
+    check_plotting()  # Stops before any fine-tuning when the plot could not be drawn.
   encoders = parse_encoders(args.encoders)
   rows = run(encoders, args)
   os.makedirs(os.path.dirname(os.path.abspath(args.output)), exist_ok=True)
   with open(args.output, "w") as f:
     f.writelines(json.dumps(row) + "\n" for row in rows)
   print_table(rows, list(encoders))
+  if args.plot:
+    plot(rows, list(encoders), args.plot, f"{args.seeds} seeds, {args.epochs:g} epochs, "
+         f"lr {args.learning_rate:g}, batch 32")
 
 
 if __name__ == "__main__":

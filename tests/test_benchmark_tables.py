@@ -45,3 +45,21 @@ def test_rows_from_log_reads_params_and_evaluation_lines(tmp_path):
   assert curves["classic"] == [{"minutes": 0.5, "steps": 100, "mlm_accuracy": 0.0612},
                                {"minutes": 1.0, "steps": 200, "mlm_accuracy": 0.0801}]
   assert curves["+rotary"] == [{"minutes": 0.6, "steps": 100, "mlm_accuracy": 0.0934}]
+
+
+def test_random_ndcg_is_the_mean_over_every_rank_of_the_relevant_document():
+  """local_suite.py's chance score for local_retrieval: with one relevant document among N,
+  a random ranking puts it at each rank with probability 1/N, so the expectation is the mean
+  of trec_eval's nDCG@10 over N queries whose relevant document sits at ranks 1..N."""
+  import local_suite  # pylint: disable=import-outside-toplevel
+  from bert_jax.downstream import retrieval  # pylint: disable=import-outside-toplevel
+  for documents in (7, 10, 40):
+    qrels = {f"q{r}": {f"d{r}": 1} for r in range(documents)}
+    run = {}
+    for r in range(documents):  # q{r}'s relevant d{r} at rank r + 1, the others around it.
+      order = [f"d{j}" for j in range(documents) if j != r]
+      order.insert(r, f"d{r}")
+      run[f"q{r}"] = {d: float(documents - i) for i, d in enumerate(order)}
+    measured = retrieval.evaluate(qrels, run)[0]["ndcg@10"]
+    assert local_suite.random_ndcg_at_10(documents) == pytest.approx(measured, abs=1e-9)
+  assert local_suite.random_ndcg_at_10(1) == 1.0

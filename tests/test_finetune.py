@@ -251,6 +251,23 @@ def test_fill_mask_after_pretraining_fits_the_context(pretrained_run):
   assert len(two) == 2 and two[0][0][0] in ANIMALS and two[1][0][0] in OBJECTS
 
 
+def test_a_pretraining_workdir_embeds_by_mean_pooling_its_encoder(pretrained_run):
+  """The zero-shot baseline of embedding models (`predict.load_embedding_model`, --mode=embed,
+  --suite=local_retrieval): a pretraining workdir is an encoder, mean-pooled over [CLS] text
+  [SEP] and L2-normalised, not a fine-tuned checkpoint to refuse."""
+  workdir, _ = pretrained_run
+  model = predict.load_embedding_model(workdir)
+  texts = ["the cat sat on the mat .", "a dog slept under the box near the mat ."]
+  embeddings = predict.embed(model, texts)
+  config, params, vocab = weights.load_pretrained(workdir)
+  encoder = model_lib.BertModel(config, add_pooling_layer=False)
+  for text, embedding in zip(texts, embeddings):
+    ids = np.asarray([[vocab.cls_id, *vocab.encode(text), vocab.sep_id]], np.int32)
+    sequence, _ = encoder.apply({"params": params["bert"]}, ids, None, np.ones_like(ids), True)
+    mean = np.asarray(sequence[0], np.float64).mean(axis=0)
+    np.testing.assert_allclose(embedding, mean / np.linalg.norm(mean), atol=1e-5)
+
+
 def test_pretrained_encoder_beats_scratch_on_held_out_words(pretrained_run, tmp_path):
   """The median over 3 fine-tuning seeds: one seed of the pretrained encoder gave 0.81 where
   the others gave 1.0 (and the same seed 1.0 on 8 devices: rounding decides such outliers)."""

@@ -55,7 +55,7 @@ TOPICS = ("integrate", "interpolate", "linalg", "optimize", "signal", "spatial",
 class LocalTask:
   """One task of the suite: files and how to score them."""
   name: str
-  task: str  # "classification" | "tagging" | "qa" (config.task).
+  task: str  # "classification" | "tagging" | "qa" | "embedding" (config.task).
   train_file: str
   validation_file: str
   metric: str  # The main score in final_eval.json's scores (the task's main_metric()).
