@@ -40,6 +40,7 @@ from bert_jax.objectives import masking as masking_lib
 from bert_jax import tasks
 from bert_jax.tasks import embedding
 from bert_jax.models import model, splash
+from bert_jax.models import rtd as rtd_model
 from bert_jax.training import optimizer, sharding
 from bert_jax.data import packing
 
@@ -255,6 +256,7 @@ def _model_rules(vocab_size: Check, classifier_pooling: Check) -> dict[str, Chec
       "model.max_position_embeddings": integer(1),
       # Token type 1 marks segment B (pairs, QA passages); a table of 1 is read out of range.
       "model.type_vocab_size": token_types(),
+      "model.embedding_size": integer(0),  # 0: hidden_size.
       # 0 would start every weight at 0: no symmetry to break, nothing learns.
       "model.initializer_range": number(0.0, low_open=True),
       "model.layer_norm_eps": number(0.0, low_open=True),
@@ -340,7 +342,7 @@ PRETRAINING_RULES: dict[str, Check] = {
     "data.dataset_dir": string('"": none; source "prepared" needs one'),
     # [CLS] A [SEP] B [SEP]: the shortest row prepare and the synthetic source can build.
     "data.max_seq_length": integer(5, "[CLS] A [SEP] B [SEP]"),
-    "data.objective": one_of(packing.OBJECTIVES),
+    "data.objective": one_of(tuple(packing.ROW_FORMATS)),
     "data.max_examples_per_row": integer(1, "1: one example per row, unpacked"),
     "data.short_seq_prob": probability(),
     "data.span_warmup_steps": integer(0, "0: no example-length warmup"),
@@ -353,6 +355,12 @@ PRETRAINING_RULES: dict[str, Check] = {
     "data.num_workers": integer(0, "0: read in the main process"),
     "data.prefetch": integer(0, "0: no batch ahead"),
     "masking.mask_prob": number(0.0, 1.0, low_open=True),
+    "rtd.generator_hidden_fraction": number(0.0, 1.0, low_open=True,
+                                            meaning="1: as wide as the discriminator"),
+    "rtd.generator_layers": integer(0, "0: the discriminator's"),
+    "rtd.generator_heads": integer(0, "0: one per 64 of width"),
+    "rtd.embedding_sharing": one_of(rtd_model.SHARINGS),
+    "rtd.disc_weight": number(0.0, low_open=True),
     "masking.eval_mask_prob": number(0.0, 1.0, meaning="0: mask_prob"),
     "masking.max_predictions_per_seq": integer(1),
     "masking.mask_token_prob": probability(),
@@ -456,9 +464,10 @@ def _predictions_cover_a_row(config) -> str | None:
   masking, data = config.masking, config.data
   name, rate = max((("mask_prob", masking.mask_prob), ("eval_mask_prob", masking.eval_mask_prob)),
                    key=lambda pair: pair[1])
-  examples = packing.examples_per_row(data.objective, data.max_examples_per_row)
+  rows = packing.row_format(data.objective)
+  examples = packing.examples_per_row(rows, data.max_examples_per_row)
   needed = masking_lib.max_targets_per_row(rate, data.max_seq_length, examples,
-                                           *packing.example_specials(data.objective))
+                                           *packing.example_specials(rows))
   if masking.max_predictions_per_seq < needed:
     return (f"config.masking.max_predictions_per_seq={masking.max_predictions_per_seq} cannot "
             f"hold the {needed} targets of a full row (up to {examples} examples in "
@@ -489,13 +498,37 @@ def _splash_blocks_divide_a_row(config) -> str | None:
   return None
 
 
+def _rtd_generator_fits(config) -> str | None:
+  """Objectives rtd / rtd_nsp: a generator no larger than the discriminator, of a width its
+  heads divide, and a mask rate that leaves most tokens original."""
+  if not config.data.objective.startswith("rtd"):
+    return None
+  m, r = config.model, config.rtd
+  if r.generator_layers > m.num_hidden_layers:
+    return (f"config.rtd.generator_layers={r.generator_layers} makes the generator deeper than "
+            f"the discriminator (config.model.num_hidden_layers={m.num_hidden_layers})")
+  width = int(round(m.hidden_size * r.generator_hidden_fraction))
+  heads = r.generator_heads or max(1, width // 64)
+  if width < 1 or width % heads:
+    return (f"config.rtd.generator_hidden_fraction={r.generator_hidden_fraction} gives a "
+            f"generator width of {width}, which {heads} heads (config.rtd.generator_heads="
+            f"{r.generator_heads}) cannot split")
+  for name in ("mask_prob", "eval_mask_prob"):
+    rate = config.masking[name]
+    if rate > 0.5:
+      return (f"config.masking.{name}={rate} with objective {config.data.objective!r}: above "
+              "0.5 most real tokens would be replaced, so the discriminator's classes swap "
+              "and the generator sees mostly [MASK]; ELECTRA masks 0.15 (0.25 at large size)")
+  return None
+
+
 def _span_warmup_is_mlm(config) -> str | None:
   data = config.data
   if not data.span_warmup_steps:
     return None
-  if data.objective != "mlm":
+  if packing.row_format(data.objective) != "mlm":
     return (f"config.data.span_warmup_steps={data.span_warmup_steps} cuts MLM-only rows into "
-            f"spans: it needs config.data.objective='mlm' (it is {data.objective!r})")
+            f"spans: it needs config.data.objective 'mlm' or 'rtd' (it is {data.objective!r})")
   if data.span_warmup_start > data.max_seq_length:
     return (f"config.data.span_warmup_start={data.span_warmup_start} exceeds "
             f"config.data.max_seq_length={data.max_seq_length}")
@@ -583,7 +616,7 @@ PRETRAINING_RELATIONS: tuple[Relation, ...] = (
     _replacements_sum_to_at_most_one, _microbatches_divide_batch, _one_inferred_mesh_axis,
     _prepared_needs_dataset_dir, _builtin_needs_validation,
     _window_fits_a_row, _span_warmup_is_mlm, _splash_blocks_divide_a_row,
-    _wsd_warmup_ends_before_the_decay)
+    _wsd_warmup_ends_before_the_decay, _rtd_generator_fits)
 
 FINETUNING_RELATIONS: tuple[Relation, ...] = (
     _model_relations_hold, _scratch_length_fits_positions,

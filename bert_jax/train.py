@@ -19,8 +19,10 @@ from bert_jax.runtime import storage
 from bert_jax.data import batching, builtin, packing, pipeline, prepare
 from bert_jax.data.vocab import Vocab
 from bert_jax.objectives.masking import MaskingConfig
+from bert_jax.models import rtd as rtd_model
 from bert_jax.models.model import BertConfig
 from bert_jax.tasks import PretrainingTask
+from bert_jax.tasks.rtd import RtdSettings, RtdTask
 from bert_jax.training.settings import TrainSettings
 
 # Synthetic data uses sentencepiece's special-token layout (see WORKSPACE.md).
@@ -78,7 +80,8 @@ def compile_report(config) -> dict[str, Any]:
 
 def examples_per_row(config) -> int:
   """K of the batch contract: the packing of the NSP objective; MLM-only rows are one sequence."""
-  return packing.examples_per_row(config.data.objective, config.data.max_examples_per_row)
+  return packing.examples_per_row(packing.row_format(config.data.objective),
+                                  config.data.max_examples_per_row)
 
 
 def pretraining_task(config, model_config: BertConfig, meta: dict | None) -> PretrainingTask:
@@ -90,11 +93,19 @@ def pretraining_task(config, model_config: BertConfig, meta: dict | None) -> Pre
       config.masking, vocab_size=model_config.vocab_size, mask_token_id=ids["mask_id"],
       special_token_ids=tuple(special_ids), unk_token_id=ids["unk_id"])
   eval_rate = config.masking.eval_mask_prob or config.masking.mask_prob
-  return PretrainingTask(
-      model_config, masking, config.data.max_seq_length, examples_per_row(config),
-      eval_masking=dataclasses.replace(masking, mask_prob=eval_rate),
-      span_warmup_steps=config.data.span_warmup_steps,
-      span_warmup_start=config.data.span_warmup_start)
+  common = dict(eval_masking=dataclasses.replace(masking, mask_prob=eval_rate),
+                span_warmup_steps=config.data.span_warmup_steps,
+                span_warmup_start=config.data.span_warmup_start)
+  shape = (model_config, masking, config.data.max_seq_length, examples_per_row(config))
+  if config.data.objective.startswith("rtd"):
+    r = config.rtd
+    generator = rtd_model.generator_config(model_config, r.generator_hidden_fraction,
+                                           r.generator_layers, r.generator_heads,
+                                           r.embedding_sharing)
+    settings = RtdSettings(generator, r.embedding_sharing, float(r.disc_weight),
+                           nsp=config.data.objective == "rtd_nsp")
+    return RtdTask(*shape, **common, rtd=settings)
+  return PretrainingTask(*shape, **common)
 
 
 def _builtin_root(config, workdir: str) -> str:

@@ -32,6 +32,9 @@ def get_config() -> ml_collections.ConfigDict:
   config.model.attention_probs_dropout_prob = 0.1  # Dropout on attention probabilities.
   config.model.max_position_embeddings = 512  # Rows of the learned position table.
   config.model.type_vocab_size = 2  # Segment ids (0 for A, 1 for B); 0: none (ModernBERT).
+  # Width of the embedding tables and of the tied MLM decoder (0: hidden_size). Another width
+  # projects the embeddings to hidden_size, as ELECTRA's small models and generators do.
+  config.model.embedding_size = 0
   config.model.initializer_range = 0.02  # Std of the truncated-normal initializer.
   # The σ per parameter kind (bert_jax/models/model.py's INIT_STDS table, cut at 2 σ): "bert"
   # (initializer_range everywhere, google-research/bert's), "modernbert" (HF ModernBERT's:
@@ -138,6 +141,21 @@ def get_config() -> ml_collections.ConfigDict:
   config.masking.random_token_prob = 0.1  # Of the selected: replaced by a random token.
   #                                          The rest (0.1) keep their token.
   config.masking.whole_word_masking = False  # Select whole words (pieces of a word together).
+
+  # ---------------------------------------------------------------- replaced-token detection
+  # Objectives "rtd" / "rtd_nsp" (bert_jax/tasks/rtd.py): a generator (an MLM encoder of the
+  # same family, smaller) fills the masked positions with samples, and the model of
+  # config.model (the discriminator) labels every real token replaced or original.
+  config.rtd = ml_collections.ConfigDict()
+  # Generator width as a fraction of config.model.hidden_size (its MLP scaled alike); ELECTRA:
+  # 1/4 (small), 1/3 (base). At most 1: a generator wider than the discriminator is refused.
+  config.rtd.generator_hidden_fraction = 0.25
+  config.rtd.generator_layers = 0  # Generator layers (0: the discriminator's, as ELECTRA).
+  config.rtd.generator_heads = 0  # Generator heads (0: one per 64 of width, at least 1).
+  # "electra": one embedding table set for both, both losses reach it; "gdes" (DeBERTa-v3):
+  # the discriminator reads stop_gradient(generator's) + a delta initialised to 0; "none".
+  config.rtd.embedding_sharing = "electra"
+  config.rtd.disc_weight = 50.0  # λ: loss = mlm + λ x discriminator (+ nsp). ELECTRA: 50.
 
   # ---------------------------------------------------------------- train
   config.train = ml_collections.ConfigDict()

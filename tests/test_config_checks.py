@@ -111,7 +111,7 @@ _SHARED_BAD = [
     ("model.num_attention_heads", 0), ("model.intermediate_size", 0),
     ("model.hidden_act", "swish"), ("model.hidden_dropout_prob", 1.5),
     ("model.attention_probs_dropout_prob", -0.1), ("model.max_position_embeddings", 0),
-    ("model.type_vocab_size", 1), ("model.initializer_range", 0.0),
+    ("model.type_vocab_size", 1), ("model.embedding_size", -1), ("model.initializer_range", 0.0),
     ("model.layer_norm_eps", 0.0), ("model.dtype", "fp32"), ("model.dtype", None),
     ("model.param_dtype", "float16"), ("model.attention_impl", "flash"),
     ("model.vocab_pad_multiple", 0), ("model.dropout_rng", "philox"),
@@ -152,6 +152,8 @@ PRETRAINING_BAD = _SHARED_BAD + [
     ("masking.mask_prob", 0.0), ("masking.max_predictions_per_seq", 0),
     ("masking.mask_token_prob", 1.2), ("masking.random_token_prob", -0.1),
     ("masking.whole_word_masking", None), ("masking.eval_mask_prob", 1.5),
+    ("rtd.generator_hidden_fraction", 0.0), ("rtd.generator_layers", -1),
+    ("rtd.generator_heads", -1), ("rtd.embedding_sharing", "tied"), ("rtd.disc_weight", -1.0),
     ("train.num_train_steps", 0),
     ("data.span_warmup_steps", -1), ("data.span_warmup_start", 0),
     ("model.classifier_pooling", "auto"),  # Fine-tuning's only: "the checkpoint's".

@@ -68,7 +68,7 @@ class BuiltinSettings:
         vocab_size=int(config.model.vocab_size), vocab_model_type=str(data.vocab_model_type),
         max_mb=float(data.builtin_max_mb), max_seq_length=int(data.max_seq_length),
         short_seq_prob=float(data.short_seq_prob), dupe_factor=int(data.dupe_factor),
-        validation_fraction=float(data.validation_fraction), objective=str(data.objective),
+        validation_fraction=float(data.validation_fraction), objective=packing.row_format(str(data.objective)),
         max_examples_per_row=int(data.max_examples_per_row), seed=int(config.seed))
 
   @property

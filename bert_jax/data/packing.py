@@ -29,6 +29,16 @@ from typing import NamedTuple
 
 # "mlm_nsp": BERT's NSP pairs, packed K to a row; "mlm": RoBERTa's FULL-SENTENCES rows.
 OBJECTIVES = ("mlm_nsp", "mlm")
+# config.data.objective -> the rows it trains on (the format a prepared dataset records):
+# replaced-token detection (`tasks/rtd.py`) reads MLM's rows, with NSP ("rtd_nsp") or without.
+ROW_FORMATS = {"mlm_nsp": "mlm_nsp", "mlm": "mlm", "rtd": "mlm", "rtd_nsp": "mlm_nsp"}
+
+
+def row_format(objective: str) -> str:
+  """The rows (one of OBJECTIVES) of a training objective (a key of ROW_FORMATS)."""
+  if objective not in ROW_FORMATS:
+    raise ValueError(f"objective={objective!r} is not one of {tuple(ROW_FORMATS)}")
+  return ROW_FORMATS[objective]
 TOKEN_FEATURES = ("input_ids", "token_type_ids", "segment_ids", "position_ids", "word_starts")
 SLOT_FEATURES = ("cls_positions", "next_sentence_label", "nsp_weights")
 NSP_WEIGHTS = "nsp_weights"  # The one float32 feature of a batch (0/1 integers in the records).

@@ -91,7 +91,8 @@ class DataSpec:
     data = config.data
     return cls(source=data.source, dataset_dir=data.dataset_dir,
                vocab_size=config.model.vocab_size, max_seq_length=data.max_seq_length,
-               objective=data.objective, max_examples_per_row=data.max_examples_per_row,
+               objective=packing.row_format(data.objective),
+               max_examples_per_row=data.max_examples_per_row,
                builtin=builtin.BuiltinSettings.from_config(config))
 
 

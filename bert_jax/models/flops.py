@@ -31,8 +31,10 @@ def forward_flops_per_sequence(config: BertConfig, seq_len: int, num_predictions
   local_keys = min(length, config.local_attention + 1)
   layers_local = config.num_hidden_layers - config.num_global_layers
   attention = 2 * 2 * length * h * (config.num_global_layers * length + layers_local * local_keys)
-  decoder = config.vocab_size * h  # The tied decoder: the real rows of the embedding table.
+  # The tied decoder: the real rows of the embedding table, E wide.
+  decoder = config.vocab_size * config.embedding_width
   mlm_head = 2 * num_predictions * (_kernel_weights(shapes, ("mlm",)) + decoder)
+  layers += 2 * length * _kernel_weights(shapes, ("bert", "embeddings_project"))  # E != H.
   pooler_nsp = 2 * (_kernel_weights(shapes, ("bert", "pooler")) + _kernel_weights(shapes, ("nsp",)))
   return layers + attention + mlm_head + pooler_nsp
 

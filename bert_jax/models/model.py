@@ -98,6 +98,10 @@ class BertConfig:
   intermediate_size: int = _field(3072, SHAPE)
   max_position_embeddings: int = _field(512, SHAPE)
   type_vocab_size: int = _field(2, SHAPE)  # 0: no token-type (segment A/B) embeddings.
+  # E: the width of the embedding tables, of the MLM head's transform and of the tied decoder
+  # (0: hidden_size). E != hidden_size projects the embeddings to hidden_size (ELECTRA's
+  # `embeddings_project`; its small models and generators, ALBERT).
+  embedding_size: int = _field(0, SHAPE)
   hidden_act: str = _field("gelu", ARCHITECTURE)  # A key of ACTIVATIONS.
   layer_norm_eps: float = _field(1e-12, ARCHITECTURE)
   position_embedding: str = _field("learned", ARCHITECTURE)  # A key of POSITION_BLOCKS.
@@ -161,6 +165,11 @@ class BertConfig:
                        "(1: no padding)")
     for name in ("dtype", "param_dtype"):  # Accept "bfloat16" etc. from configs.
       object.__setattr__(self, name, _parse_dtype(name, getattr(self, name)))
+
+  @property
+  def embedding_width(self) -> int:
+    """E: `embedding_size`, or hidden_size when it is 0."""
+    return self.embedding_size or self.hidden_size
 
   @property
   def head_dim(self) -> int:
@@ -407,7 +416,7 @@ class LearnedPositions(nn.Module):
       raise ValueError(f"Sequence length {x.shape[1]} exceeds max_position_embeddings="
                        f"{c.max_position_embeddings}")
     table = self.param("embedding", weight_init(c, (None, EMBED), "embedding"),
-                       (c.max_position_embeddings, c.hidden_size), c.param_dtype)
+                       (c.max_position_embeddings, c.embedding_width), c.param_dtype)
     return x + jnp.take(table, position_ids, axis=0).astype(c.dtype)
 
   @staticmethod
@@ -460,13 +469,13 @@ class Embeddings(nn.Module):
 
   def setup(self):
     c = self.config
-    self.word_embeddings = nn.Embed(  # [V', H]
-        c.padded_vocab_size, c.hidden_size, dtype=c.dtype, param_dtype=c.param_dtype,
+    self.word_embeddings = nn.Embed(  # [V', E]
+        c.padded_vocab_size, c.embedding_width, dtype=c.dtype, param_dtype=c.param_dtype,
         embedding_init=weight_init(c, (VOCAB, EMBED), "embedding"), name="word_embeddings")
     self.positions = POSITION_BLOCKS[c.position_embedding](c, name="position_embeddings")
     if c.type_vocab_size:
       self.token_type_embeddings = nn.Embed(
-          c.type_vocab_size, c.hidden_size, dtype=c.dtype, param_dtype=c.param_dtype,
+          c.type_vocab_size, c.embedding_width, dtype=c.dtype, param_dtype=c.param_dtype,
           embedding_init=weight_init(c, (None, EMBED), "embedding"),
           name="token_type_embeddings")
     self.norm = norm_layer(c, "norm")
@@ -478,17 +487,17 @@ class Embeddings(nn.Module):
     # small model's bf16 step 17x slower than with this (H200, 49.7 vs 2.8 ms, 2026-12-04).
     c = self.config
     lookup = lambda table, ids: jnp.take(table, ids, axis=0).astype(c.dtype)
-    x = lookup(self.word_embeddings.embedding, input_ids)  # [B, L, H]
+    x = lookup(self.word_embeddings.embedding, input_ids)  # [B, L, E]
     if c.type_vocab_size:
       x = x + lookup(self.token_type_embeddings.embedding, token_type_ids)
     x = self.positions(x, position_ids)  # Restart at 0 in each packed example.
     return _dropout(self, self.norm(x), self.config.hidden_dropout_prob, deterministic)
 
   def attend(self, x):
-    """Scores of hidden states [..., H] against every row of the embedding table (the tied MLM
+    """Scores of vectors [..., E] against every row of the embedding table (the tied MLM
     decoder) -> [..., V'] float32: `dtype` inputs, float32 accumulation and output."""
     c = self.config
-    table = self.word_embeddings.embedding  # [V', H]
+    table = self.word_embeddings.embedding  # [V', E]
     return jnp.einsum("...h,vh->...v", x.astype(c.dtype), table.astype(c.dtype),
                       preferred_element_type=jnp.float32)
 
@@ -763,6 +772,8 @@ def choices() -> dict[str, Any]:
 def relation_problem(c, prefix: str = "") -> str | None:
   """The first broken rule between fields of `c` (a BertConfig, or a config's model section),
   each field named with `prefix` ("config.model." for a config), or None."""
+  if c.embedding_size < 0:
+    return f"{prefix}embedding_size={c.embedding_size} must be >= 0 (0: hidden_size)"
   if c.hidden_size % c.num_attention_heads:
     return (f"{prefix}hidden_size={c.hidden_size} is not divisible by "
             f"{prefix}num_attention_heads={c.num_attention_heads}")
@@ -894,16 +905,20 @@ class BertModel(nn.Module):
   def setup(self):
     c = self.config
     self.embeddings = Embeddings(c, name="embeddings")
+    if c.embedding_width != c.hidden_size:
+      self.embeddings_project = _dense(c, c.hidden_size, (None, EMBED), "embeddings_project")
     self.encoder = Encoder(c, name="encoder")
     if self.add_pooling_layer:
       self.pooler = _dense(c, c.hidden_size, (EMBED, None), "pooler")
 
   def __call__(self, input_ids, token_type_ids=None, segment_ids=None,
-               deterministic: bool = True, *, position_ids=None, cls_positions=None):
+               deterministic: bool = True, *, position_ids=None, cls_positions=None,
+               embedded=None):
     """input_ids [B, L]; token_type_ids [B, L] (A 0, B 1); segment_ids [B, L] (packed example
     1..K, 0 padding; an attention mask is the K = 1 case); position_ids [B, L] (default
     0..L-1); cls_positions [B, K] ([CLS] of each packed example; default: position 0 only,
-    pooled [B, H])."""
+    pooled [B, H]); embedded [B, L, E]: the embeddings' output computed elsewhere (a table
+    shared with another encoder, `models/rtd.py`), used instead of `embeddings`."""
     if token_type_ids is None:
       token_type_ids = jnp.zeros_like(input_ids)
     if segment_ids is None:
@@ -911,7 +926,10 @@ class BertModel(nn.Module):
     if position_ids is None:
       position_ids = jnp.broadcast_to(jnp.arange(input_ids.shape[1]), input_ids.shape)
     mask = attention_mask_from_segments(segment_ids)  # [B, 1, L, L], built once.
-    x = self.embeddings(input_ids, token_type_ids, position_ids, deterministic)  # [B, L, H]
+    x = (self.embeddings(input_ids, token_type_ids, position_ids, deterministic)
+         if embedded is None else embedded)  # [B, L, E]
+    if self.config.embedding_width != self.config.hidden_size:
+      x = self.embeddings_project(x)  # [B, L, H]
     x = nn.with_logical_constraint(x, (BATCH, LENGTH, EMBED))
     x = self.encoder(x, mask, segment_ids, position_ids, deterministic)
     if not self.add_pooling_layer:
@@ -941,11 +959,11 @@ def pool(sequence, segment_ids, cls_positions, pooling: str):
   return means[:, 0] if cls_positions is None else means  # [B, H] or [B, K, H]
 
 
-def _transform(config: BertConfig, hidden, dense: str, norm: str):
-  """Dense (H -> H, bias as `classifier_bias`) + activation + LayerNorm, its params named
-  `dense` and `norm` in the calling module."""
-  h = _dense(config, config.hidden_size, (EMBED, None), dense, config.classifier_bias,
-             "transform")(hidden)
+def _transform(config: BertConfig, hidden, dense: str, norm: str, features: int = 0):
+  """Dense (H -> `features`, default H; bias as `classifier_bias`) + activation + LayerNorm,
+  its params named `dense` and `norm` in the calling module."""
+  h = _dense(config, features or config.hidden_size, (EMBED, None), dense,
+             config.classifier_bias, "transform")(hidden)
   return norm_layer(config, norm)(ACTIVATIONS[config.hidden_act](h))
 
 
@@ -967,7 +985,7 @@ class MaskedLMHead(nn.Module):
   @nn.compact
   def __call__(self, hidden, bert: BertModel):
     c = self.config
-    h = _transform(c, hidden, "transform", "transform_norm")
+    h = _transform(c, hidden, "transform", "transform_norm", c.embedding_width)  # [..., E]
     bias = self.param("bias", _zeros((VOCAB,)), (c.padded_vocab_size,), c.param_dtype)
     logits = bert.attend(h) + bias.astype(jnp.float32)  # [B, P, V'] f32
     return logits[..., :c.vocab_size]  # [B, P, V]: padded entries are never predicted.

@@ -1,4 +1,5 @@
-"""Training tasks on the one trainer: pretraining (MLM + NSP) and the fine-tuning tasks, each in
+"""Training tasks on the one trainer: pretraining (MLM + NSP; replaced-token detection, RtdTask)
+and the fine-tuning tasks, each in
 its own module behind the interface of `tasks.base.Task`. Fine-tuning tasks are looked up by
 name here (config.task) and by prediction mode (launch/predict.py --mode), once; nothing else
 branches on a task's name. A task defined elsewhere (a user's module, a test) joins with
@@ -10,6 +11,7 @@ from bert_jax.tasks.embedding import EmbeddingTask
 from bert_jax.tasks.finetuning import ENCODER, HEAD_KINDS, FinetuneSettings, FinetuneTask
 from bert_jax.tasks.pretraining import PretrainingTask
 from bert_jax.tasks.qa import QATask
+from bert_jax.tasks.rtd import RtdTask
 from bert_jax.tasks.tagging import TaggingTask
 
 FINETUNE_TASKS: dict[str, type[FinetuneTask]] = {
@@ -40,5 +42,5 @@ def predict_modes() -> dict[str, type[FinetuneTask]]:
 
 __all__ = ["ENCODER", "FINETUNE_TASKS", "HEAD_KINDS", "ClassificationTask", "EmbeddingTask",
            "FinetuneSettings",
-           "FinetuneTask", "PretrainingTask", "QATask", "Scores", "TaggingTask", "Task",
+           "FinetuneTask", "PretrainingTask", "QATask", "RtdTask", "Scores", "TaggingTask", "Task",
            "finetune_task", "predict_modes", "register"]

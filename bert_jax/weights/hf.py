@@ -316,6 +316,10 @@ def save_hf(output_dir: str, params: Mapping, config: BertConfig, vocab: Vocab |
   (`FinetuneTask.hf_head`), its task model instead: the encoder (no pretraining heads), the
   head's parameters, and config.json's id2label / label2id / problem_type. Returns the
   transformers architecture written (heads decide it, see `hf_architecture`)."""
+  if config.embedding_width != config.hidden_size:
+    raise ValueError(f"embedding_size={config.embedding_size} differs from hidden_size="
+                     f"{config.hidden_size}: transformers' BERT and ModernBERT have no "
+                     "embeddings projection to load it into")
   params = params_lib.check_params(params, config, "params to export")
   heads = params_lib.heads_present(params)
   family = hf_family(config)

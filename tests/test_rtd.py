@@ -1,0 +1,169 @@
+"""Replaced-token detection (bert_jax/objectives/rtd.py, models/rtd.py, tasks/rtd.py): ELECTRA's
+labels and sampling, DeBERTa-v3's gradient-disentangled sharing, the AUC as summed pairs, and
+the settings refused in one line."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from bert_jax import config_checks, train
+from bert_jax.models.model import BertConfig
+from bert_jax.objectives import rtd as rtd_lib
+from bert_jax.tasks import PretrainingTask, RtdTask
+from configs import tiny
+
+
+def _config(objective="rtd", sharing="electra", **rtd):
+  config = tiny.get_config()
+  config.data.source = "synthetic"
+  config.data.objective = objective
+  config.data.max_seq_length = 32
+  config.masking.max_predictions_per_seq = 8
+  config.model.update(vocab_size=64, hidden_size=32, num_attention_heads=2, intermediate_size=64,
+                      num_hidden_layers=2, max_position_embeddings=32, vocab_pad_multiple=1)
+  config.rtd.update(embedding_sharing=sharing, generator_hidden_fraction=0.5, **rtd)
+  return config
+
+
+def _task(config) -> RtdTask:
+  config_checks.check_pretraining(config)
+  return train.pretraining_task(config, BertConfig.from_config(config.model), None)
+
+
+def _batch(rows=4, length=32, real=(32, 20, 9, 32)):
+  rng = np.random.default_rng(0)
+  ids = rng.integers(5, 64, (rows, length)).astype(np.int32)
+  segments = np.zeros((rows, length), np.int32)
+  for r, n in enumerate(real):
+    segments[r, :n] = 1
+    ids[r, 0], ids[r, n - 1], ids[r, n:] = 2, 3, 0
+  return {"input_ids": jnp.asarray(ids), "token_type_ids": jnp.zeros_like(ids),
+          "segment_ids": jnp.asarray(segments),
+          "position_ids": jnp.broadcast_to(jnp.arange(length), (rows, length)),
+          "word_starts": jnp.ones_like(ids), "cls_positions": jnp.zeros((rows, 1), jnp.int32),
+          "next_sentence_label": jnp.zeros((rows, 1), jnp.int32),
+          "nsp_weights": jnp.zeros((rows, 1), jnp.float32)}
+
+
+def test_labels_are_input_not_original_on_real_tokens_and_a_resampled_original_is_original():
+  ids = jnp.asarray([[2, 10, 11, 12, 13, 3, 0, 0]], jnp.int32)
+  masked = {"input_ids": ids.at[0, 1].set(4).at[0, 3].set(4).at[0, 4].set(50),
+            "masked_lm_positions": jnp.asarray([[1, 3, 4, 0]], jnp.int32),
+            "masked_lm_ids": jnp.asarray([[10, 12, 13, 0]], jnp.int32),
+            "masked_lm_weights": jnp.asarray([[1.0, 1.0, 1.0, 0.0]])}
+  # Position 1 samples its original back, 3 and 4 are replaced; the unused slot writes nothing.
+  sampled = jnp.asarray([[10, 40, 41, 99]], jnp.int32)
+  original, corrupted = rtd_lib.corrupt(masked, sampled)
+  np.testing.assert_array_equal(original, ids)
+  np.testing.assert_array_equal(corrupted, [[2, 10, 11, 40, 41, 3, 0, 0]])
+  real = (ids > 0).astype(jnp.float32)
+  logits = jnp.asarray([[-3.0, 2.0, -1.0, 4.0, -2.0, -5.0, 9.0, 9.0]])
+  sums = rtd_lib.discriminator_sums(logits, original, corrupted, real)
+  assert float(sums["disc_count"]) == 6.0  # Padding is never a target.
+  assert float(sums["replaced_sum"]) == 2.0  # 3 and 4 only: the resampled original is 0.
+  assert float(sums["disc_correct_sum"]) == 4.0  # Positions 1 (2 > 0) and 4 (-2 < 0) wrong.
+  labels = np.array([0, 0, 0, 1, 1, 0], np.float32)
+  x = np.asarray(logits[0, :6], np.float64)
+  bce = np.sum(np.log1p(np.exp(-x)) * labels + np.log1p(np.exp(x)) * (1 - labels))
+  assert float(sums["disc_loss_sum"]) == pytest.approx(bce, rel=1e-6)
+
+
+def test_the_auc_of_summed_pairs_is_sklearns_with_ties():
+  rng = np.random.default_rng(1)
+  scores = rng.integers(-3, 4, (6, 40)).astype(np.float32)  # Many ties.
+  original = rng.integers(5, 9, (6, 40))
+  corrupted = np.where(rng.random((6, 40)) < 0.3, original + 1, original)
+  real = (rng.random((6, 40)) < 0.8).astype(np.float32)
+  sums = rtd_lib.discriminator_sums(jnp.asarray(scores), jnp.asarray(original),
+                                    jnp.asarray(corrupted), jnp.asarray(real))
+  keep = real > 0
+  expected = roc_auc_score((corrupted != original)[keep], scores[keep])
+  assert rtd_lib.means(sums)["disc_auc"] == pytest.approx(expected, abs=1e-6)
+
+
+def test_replacements_follow_the_generator_distribution_and_the_seed():
+  logits = jnp.log(jnp.asarray([[[0.6, 0.3, 0.1, 1e-9]]]))  # [1, 1, 4]
+  seeds = jnp.arange(4000, dtype=jnp.uint32)
+  draws = jax.vmap(lambda s: rtd_lib.sample_replacements(logits, s[None])[0, 0])(seeds)
+  frequencies = np.bincount(np.asarray(draws), minlength=4) / 4000
+  np.testing.assert_allclose(frequencies, [0.6, 0.3, 0.1, 0.0], atol=0.03)
+  logits = jax.random.normal(jax.random.key(3), (4, 8, 64))
+  seeds = jnp.asarray([1, 2, 3, 4], jnp.uint32)
+  first = rtd_lib.sample_replacements(logits, seeds)
+  np.testing.assert_array_equal(first, rtd_lib.sample_replacements(logits, seeds))
+  # A row's draws are its own seed's: the same whichever rows come with it.
+  np.testing.assert_array_equal(first[2:], rtd_lib.sample_replacements(logits[2:], seeds[2:]))
+  assert not np.array_equal(first, rtd_lib.sample_replacements(logits, seeds + 10))
+
+
+def test_masking_is_mlms_and_seeds_change_with_the_key():
+  config = _config()
+  task, batch = _task(config), _batch()
+  assert isinstance(task, RtdTask) and task.examples_per_row == 1
+  mlm = PretrainingTask(task.model_config, task.masking, task.seq_len, task.examples_per_row)
+  key = jax.random.key(7)
+  ours, theirs = task.prepare(batch, key, jnp.int32(0)), mlm.prepare(batch, key, jnp.int32(0))
+  for name in ("input_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights"):
+    np.testing.assert_array_equal(ours[name], theirs[name])
+  other = task.prepare(batch, jax.random.fold_in(key, 1), jnp.int32(1))
+  assert not np.array_equal(ours["sample_seed"], other["sample_seed"])
+
+
+@pytest.mark.parametrize("sharing", ["electra", "gdes", "none"])
+def test_which_loss_reaches_the_embeddings(sharing):
+  """GDES: the discriminator's loss has gradient exactly 0 on the generator's embeddings and a
+  non-zero one on the delta; ELECTRA's shared tables get both losses; "none" separates them."""
+  task = _task(_config(sharing=sharing))
+  batch = task.prepare(_batch(), jax.random.key(0), jnp.int32(0))
+  params = jax.tree.map(lambda x: x.unbox() if hasattr(x, "unbox") else x,
+                        task.model.init(jax.random.key(1), *task.example_inputs())["params"],
+                        is_leaf=lambda x: hasattr(x, "unbox"))
+  norm = lambda tree: float(sum(jnp.sum(jnp.abs(x)) for x in jax.tree.leaves(tree)))
+
+  def grads(term):
+    return jax.grad(lambda p: task.loss_sums(p, batch, jax.random.key(2))[term])(params)
+
+  disc, mlm = grads("disc_loss_sum"), grads("mlm_loss_sum")
+  assert norm(disc["discriminator"]) > 0 and norm(mlm["generator"]) > 0
+  assert norm(mlm["discriminator"]) == 0.0  # Samples carry no gradient.
+  if sharing == "gdes":
+    assert norm(disc["embeddings"]) == 0.0
+    assert norm(disc["embeddings_delta"]) > 0 and norm(mlm["embeddings"]) > 0
+    assert norm(mlm["embeddings_delta"]) == 0.0
+  elif sharing == "electra":
+    assert norm(disc["embeddings"]) > 0 and norm(mlm["embeddings"]) > 0
+  else:
+    assert norm(disc["embeddings"]) > 0 and norm(mlm["embeddings"]) == 0.0
+    assert norm(mlm["generator_embeddings"]) > 0 and norm(disc["generator_embeddings"]) == 0.0
+  # The discriminator reads the generator's tables plus a zero delta at init: the same vectors.
+  if sharing == "gdes":
+    assert norm(params["embeddings_delta"]) == 0.0
+
+
+def test_the_loss_weighs_the_discriminator_by_lambda_and_nsp_joins_with_rtd_nsp():
+  task = _task(_config(objective="rtd_nsp", disc_weight=20.0))
+  assert task.rtd.nsp and task.examples_per_row == 4
+  sums = {"mlm_loss_sum": 6.0, "disc_loss_sum": 3.0, "nsp_loss_sum": 2.0}
+  counts = {"mlm_count": 2.0, "disc_count": 10.0, "nsp_count": 4.0}
+  assert float(task.loss(sums, counts)) == pytest.approx(3.0 + 20.0 * 0.3 + 0.5)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("rtd.generator_hidden_fraction", 1.5,
+     "config.rtd.generator_hidden_fraction=1.5 must be in (0, 1]"),
+    ("rtd.generator_layers", 3, "config.rtd.generator_layers=3 makes the generator deeper"),
+    ("rtd.disc_weight", 0.0, "config.rtd.disc_weight=0.0 must be > 0"),
+    ("rtd.embedding_sharing", "tied", "config.rtd.embedding_sharing='tied'"),
+    ("masking.mask_prob", 0.6, "config.masking.mask_prob=0.6 with objective 'rtd': above 0.5"),
+    ("rtd.generator_heads", 3, "cannot split"),
+])
+def test_bad_settings_fail_in_one_line_naming_the_field(field, value, message):
+  config = _config()
+  config.masking.max_predictions_per_seq = 32  # Room for any rate: the rule under test speaks.
+  section, name = field.split(".")
+  config[section][name] = value
+  with pytest.raises(ValueError) as error:
+    config_checks.check_pretraining(config)
+  assert message in str(error.value) and "\n" not in str(error.value)
