@@ -223,3 +223,16 @@ def test_a_preempted_rtd_run_resumes_bit_identically(tmp_path, monkeypatch):
   theirs = checkpointing.restore_params(os.path.join(whole, "checkpoints", "6"))
   assert set(ours) >= {"embeddings", "embeddings_delta", "generator", "discriminator"}
   jax.tree.map(np.testing.assert_array_equal, ours, theirs)
+
+
+def test_an_rtd_checkpoint_is_not_read_as_a_bert_encoder(tmp_path):
+  """Until the discriminator's export exists, init_from / convert refuse an RTD run in one line
+  instead of a missing-parameter error."""
+  from bert_jax import weights  # pylint: disable=import-outside-toplevel
+  config = _config()
+  config.train.update(num_train_steps=1, batch_size=8, eval_every_steps=0)
+  config.checkpoint.save_every_steps = 1
+  config.logging.tensorboard = False
+  train.train_and_evaluate(config, str(tmp_path))
+  with pytest.raises(ValueError, match="pretrained by replaced-token detection"):
+    weights.load_pretrained(str(tmp_path))

@@ -42,6 +42,11 @@ def load(path: str) -> tuple[BertConfig, dict, Vocab | None]:
   meta = checkpointing.read_meta(step_dir)
   if "model_config" not in meta:
     raise ValueError(f"{step_dir}: its meta has no model_config")
+  task = meta.get("task")
+  if isinstance(task, dict) and task.get("name") == "rtd":
+    raise ValueError(f"{step_dir} was pretrained by replaced-token detection (a generator and "
+                     "a discriminator): reading its discriminator as an encoder is not "
+                     "supported yet (issue #40)")
   config = params_lib.config_from_dict(meta["model_config"], f"{step_dir} meta model_config")
   params = _pretraining_parts(checkpointing.restore_params(step_dir), step_dir)
   params = params_lib.check_params(params, config, step_dir)
