@@ -280,7 +280,8 @@ def test_sigterm_saves_and_the_resumed_run_is_bit_identical(tmp_path, monkeypatc
   the resumed run's losses are the straight run's, bit for bit."""
   from bert_jax import finetune  # pylint: disable=import-outside-toplevel
   from bert_jax.data import finetune as finetune_data  # pylint: disable=import-outside-toplevel
-  from tests.test_finetune import _SigtermAfter, _step_losses  # pylint: disable=import-outside-toplevel
+  from tests.test_finetune import _step_losses  # pylint: disable=import-outside-toplevel
+  from tests.sigterm_at import SigtermAt  # pylint: disable=import-outside-toplevel
   config = _pairs_config(tmp_path, 8, **{"train.log_every_steps": 1, "train.grad_accum_steps": 2,
                                          "train.batch_size": 16,  # GradCache, 2 chunks,
                                          "embedding.pack": True,  # of packed rows,
@@ -290,7 +291,7 @@ def test_sigterm_saves_and_the_resumed_run_is_bit_identical(tmp_path, monkeypatc
   workdir = str(tmp_path / "preempted")
   original = finetune_data.TrainBatches
   monkeypatch.setattr(finetune_data, "TrainBatches",
-                      lambda *args: _SigtermAfter(original(*args), at=3))
+                      lambda *args: SigtermAt(original(*args), at=3))
   stopped = finetune.finetune_and_evaluate(config, workdir)
   monkeypatch.setattr(finetune_data, "TrainBatches", original)
   assert 1 <= stopped["preempted_at"] < 8

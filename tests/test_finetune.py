@@ -7,7 +7,6 @@ import dataclasses
 import json
 import os
 import random
-import signal
 import subprocess
 import sys
 import time
@@ -29,6 +28,7 @@ from bert_jax.tasks import classification, qa, tagging
 from bert_jax.data import prepare
 from bert_jax.data.vocab import Vocab, train_sentencepiece
 from configs import finetune_classification, finetune_qa, finetune_tagging, tiny
+from tests.sigterm_at import SigtermAt
 from tests.suite_flags import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -870,25 +870,6 @@ def test_finetuning_resumes_after_sigkill_bit_identically(tmp_path):
   assert final[0]["accuracy"] == final[1]["accuracy"]
 
 
-class _SigtermAfter:
-  """A train iterator that sends this process SIGTERM when its `at`-th batch is read."""
-
-  def __init__(self, inner, at: int):
-    self.inner, self.at = inner, at
-
-  def __next__(self):
-    batch = next(self.inner)
-    if self.inner.batches == self.at:
-      os.kill(os.getpid(), signal.SIGTERM)
-    return batch
-
-  def get_state(self):
-    return self.inner.get_state()
-
-  def set_state(self, state):
-    self.inner.set_state(state)
-
-
 def test_finetuning_sigterm_saves_returns_and_resumes_identically(tmp_path, monkeypatch):
   config = _keyword_config(tmp_path, steps=10)
   config.checkpoint.save_every_steps = 100
@@ -897,7 +878,7 @@ def test_finetuning_sigterm_saves_returns_and_resumes_identically(tmp_path, monk
   workdir = str(tmp_path / "preempted")
   original = finetune_data.TrainBatches
   monkeypatch.setattr(finetune_data, "TrainBatches",
-                      lambda *args: _SigtermAfter(original(*args), at=4))
+                      lambda *args: SigtermAt(original(*args), at=4))
   stopped = finetune.finetune_and_evaluate(config, workdir)
   monkeypatch.setattr(finetune_data, "TrainBatches", original)
   at = stopped["preempted_at"]

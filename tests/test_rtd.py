@@ -4,7 +4,6 @@ the settings refused in one line."""
 
 import json
 import os
-import signal
 
 import jax
 import jax.numpy as jnp
@@ -18,6 +17,7 @@ from bert_jax.models.model import BertConfig
 from bert_jax.objectives import rtd as rtd_lib
 from bert_jax.tasks import PretrainingTask, RtdTask
 from configs import tiny
+from tests.sigterm_at import SigtermAt
 
 
 def _config(objective="rtd", sharing="electra", **rtd):
@@ -179,26 +179,6 @@ def _losses(workdir) -> dict[int, float]:
   return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
 
 
-class _SigtermAt:
-  """The train iterator, sending this process SIGTERM when its `at`-th batch is read."""
-
-  def __init__(self, inner, at: int):
-    self.inner, self.at, self.read = inner, at, 0
-
-  def __next__(self):
-    batch = next(self.inner)
-    self.read += 1
-    if self.read == self.at:
-      os.kill(os.getpid(), signal.SIGTERM)
-    return batch
-
-  def get_state(self):
-    return self.inner.get_state()
-
-  def set_state(self, state):
-    self.inner.set_state(state)
-
-
 def test_a_preempted_rtd_run_resumes_bit_identically(tmp_path, monkeypatch):
   """Both encoders, the GDES delta and the sampling seeds (fold_in of the step) come back: a
   run stopped by SIGTERM and started again logs the uninterrupted run's losses and ends on its
@@ -211,7 +191,7 @@ def test_a_preempted_rtd_run_resumes_bit_identically(tmp_path, monkeypatch):
   whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
   train.train_and_evaluate(config, whole)
   original = train._train_iterator  # pylint: disable=protected-access
-  monkeypatch.setattr(train, "_train_iterator", lambda *a: _SigtermAt(original(*a), at=3))
+  monkeypatch.setattr(train, "_train_iterator", lambda *a: SigtermAt(original(*a), at=3))
   train.train_and_evaluate(config, stopped)
   monkeypatch.setattr(train, "_train_iterator", original)
   (at,) = [int(name) for name in os.listdir(os.path.join(stopped, "checkpoints"))
