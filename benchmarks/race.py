@@ -82,13 +82,16 @@ class Variant:
 
   def save(self, directory: str) -> str:
     """Writes the params as a bert_jax pretrained directory (config.init_from takes it), with
-    the dataset's vocabulary."""
+    the dataset's vocabulary; an RTD variant's discriminator."""
     import jax
     import numpy as np
+    from bert_jax.models import rtd
     from bert_jax.weights import bert_jax_dir
     from bert_jax.weights.layout import unpad_vocab
-    config, params = unpad_vocab(self.task.model_config,
-                                 jax.tree.map(np.asarray, self.state.params))
+    params = jax.tree.map(np.asarray, self.state.params)
+    if getattr(self.task, "rtd", None) is not None:  # What fine-tuning takes from an RTD run.
+      params = rtd.discriminator_params(params, self.task.rtd.embedding_sharing)
+    config, params = unpad_vocab(self.task.model_config, params)
     return bert_jax_dir.save_pretrained(directory, params, config,
                                         os.path.join(self.dataset_dir, "vocab"),
                                         note=f"benchmarks: {self.name} after {self.steps} steps",

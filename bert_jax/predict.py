@@ -244,12 +244,13 @@ def load_embedding_model(path: str) -> Finetuned:
   run (its pooling, normalisation and length), a sentence-transformers directory (its Pooling,
   Normalize and max_seq_length), or any encoder `config.init_from` takes (pooling by
   `embedding.resolve_pooling`, normalised, its position table's length up to 512): a
-  pretraining workdir is such an encoder (the zero-shot baseline of its embeddings)."""
+  pretraining workdir is such an encoder (the zero-shot baseline of its embeddings), an RTD
+  run's its discriminator."""
   from bert_jax import weights  # pylint: disable=import-outside-toplevel
   step_dir = checkpointing.find_step_dir(path)
   saved_task = None if step_dir is None else checkpointing.read_meta(step_dir).get("task")
-  pretraining = isinstance(saved_task, dict) and saved_task.get("name") == tasks.PretrainingTask.name
-  if step_dir is not None and not pretraining:
+  finetuned_run = isinstance(saved_task, dict) and saved_task.get("name") in tasks.FINETUNE_TASKS
+  if finetuned_run:
     finetuned = load_finetuned(path)
     if not isinstance(finetuned.task, EmbeddingTask):
       raise ValueError(f"{path} was fine-tuned for {finetuned.task.name!r}, not as an "

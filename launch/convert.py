@@ -11,6 +11,11 @@ r"""Converts pretrained BERTs between HuggingFace, TensorFlow (google-research/b
   # --encoder_only: the encoder alone, the task head left out
   python launch/convert.py --from_bert_jax=runs/sst --to_hf=export/sst
   python launch/convert.py --from_bert_jax=runs/embed --to_sentence_transformers=export/embed
+  # replaced-token detection workdir -> ElectraForPreTraining (the discriminator) in OUT and
+  # ElectraForMaskedLM (the generator) in OUT/generator; the modern encoder's discriminator as
+  # ModernBertModel with its head file (`bert_jax/weights/hf_electra.py`); --encoder_only: the
+  # discriminator's encoder alone, as BERT / ModernBERT
+  python launch/convert.py --from_bert_jax=runs/electra_tiny --to_hf=export/electra_tiny
 
 HuggingFace means BERT (model_type "bert") or ModernBERT (model_type "modernbert": bert_jax's
 modern encoder, rotary / GeGLU / pre-LN / local attention), both ways; --to_hf picks the one
@@ -133,12 +138,16 @@ def _convert(flag_values) -> str:
   files.check_apart(output, _inputs(flag_values, mode), output_flag)
   lowercase = {"auto": None, "true": True, "false": False}[flag_values.lowercase]
   if mode == "from_bert_jax":
-    from bert_jax.weights import hf_export  # pylint: disable=g-import-not-at-top
+    from bert_jax.weights import hf_electra, hf_export, training  # pylint: disable=g-import-not-at-top
 
     if flag_values.to_sentence_transformers:
       written = hf_export.export_sentence_transformers(
           flag_values.from_bert_jax, flag_values.to_sentence_transformers, flag_values.overwrite)
       return f"Wrote {written} to {flag_values.to_sentence_transformers}"
+    if not flag_values.encoder_only and training.rtd_settings(flag_values.from_bert_jax):
+      written = hf_electra.export(flag_values.from_bert_jax, flag_values.to_hf,
+                                  flag_values.overwrite)
+      return f"Wrote {written} to {flag_values.to_hf}"
     if not flag_values.encoder_only and hf_export.is_finetuned(flag_values.from_bert_jax):
       architecture = hf_export.export(flag_values.from_bert_jax, flag_values.to_hf,
                                       flag_values.overwrite)

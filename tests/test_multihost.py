@@ -25,7 +25,7 @@ def _port():
     return s.getsockname()[1]
 
 
-def _start_processes(workdir, dataset_dir, *flags, num_processes=2, heartbeat=100):
+def _start_processes(workdir, dataset_dir, *flags, num_processes=2, heartbeat=100, steps=STEPS):
   """Starts the processes of one job (4 forced CPU devices each); returns the Popen list."""
   port = _port()
   env = dict(os.environ, JAX_PLATFORMS="cpu",
@@ -34,7 +34,7 @@ def _start_processes(workdir, dataset_dir, *flags, num_processes=2, heartbeat=10
   for index in range(num_processes):
     command = [sys.executable, os.path.join(ROOT, "launch/train.py"), f"--workdir={workdir}",
                *TINY, "--config.data.source=prepared", f"--config.data.dataset_dir={dataset_dir}",
-               f"--config.train.num_train_steps={STEPS}", "--config.checkpoint.save_every_steps=3",
+               f"--config.train.num_train_steps={steps}", "--config.checkpoint.save_every_steps=3",
                f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={num_processes}",
                f"--process_id={index}", f"--heartbeat_timeout={heartbeat}", *flags]
     processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
@@ -128,3 +128,27 @@ def test_a_dead_peer_stops_the_job_with_an_error_in_bounded_time(reference, tmp_
   causes = ("heartbeat timeout", "another task died", "gloo")
   assert any(cause in output for cause in causes), output[-3000:]
   print(f"process 0 stopped {elapsed:.1f} s after its peer was killed")
+
+
+def test_rtd_gives_one_process_of_8_devices_losses_on_two_of_4(reference, tmp_path):
+  """Replaced-token detection (both encoders, GDES, the samples' per-row seeds) on 2 processes
+  x 4 devices logs the losses and discriminator metrics of 1 process x 8 devices."""
+  _, dataset_dir = reference
+  rtd = ("--config.data.objective=rtd_nsp", "--config.rtd.embedding_sharing=gdes",
+         "--config.rtd.generator_hidden_fraction=0.5")
+  one = str(tmp_path / "one")
+  result = _launch(one, "--config.data.source=prepared", f"--config.data.dataset_dir={dataset_dir}",
+                   "--config.train.num_train_steps=3", "--config.checkpoint.save_every_steps=3",
+                   *rtd, devices=8)
+  assert result.returncode == 0, result.stdout + result.stderr
+  two = str(tmp_path / "two")
+  codes, outputs = _finish(_start_processes(two, dataset_dir, *rtd, steps=3))
+  assert codes == [0, 0], outputs
+  records = {}
+  for name, workdir in (("one", one), ("two", two)):
+    with open(os.path.join(workdir, "metrics.jsonl")) as f:
+      records[name] = [r for r in map(json.loads, f) if r["split"] == "train"]
+  assert [r["step"] for r in records["one"]] == [1, 2, 3] == [r["step"] for r in records["two"]]
+  for ours, theirs in zip(records["one"], records["two"]):
+    for key in ("loss", "mlm_accuracy", "disc_accuracy", "disc_auc", "replaced_fraction"):
+      assert ours[key] == pytest.approx(theirs[key], rel=1e-5), (ours["step"], key)

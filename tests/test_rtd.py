@@ -205,14 +205,142 @@ def test_a_preempted_rtd_run_resumes_bit_identically(tmp_path, monkeypatch):
   jax.tree.map(np.testing.assert_array_equal, ours, theirs)
 
 
-def test_an_rtd_checkpoint_is_not_read_as_a_bert_encoder(tmp_path):
-  """Until the discriminator's export exists, init_from / convert refuse an RTD run in one line
-  instead of a missing-parameter error."""
-  from bert_jax import weights  # pylint: disable=import-outside-toplevel
-  config = _config()
-  config.train.update(num_train_steps=1, batch_size=8, eval_every_steps=0)
-  config.checkpoint.save_every_steps = 1
+@pytest.fixture(scope="module")
+def gdes_run(tmp_path_factory):
+  """A 2-step classic RTD run with GDES and E = 16 < H = 32 (ELECTRA-Small's projection), its
+  init widened (σ 0.3) so that logits are O(1) and a wrong name or layout shows."""
+  config = _config(sharing="gdes")
+  config.model.update(embedding_size=16, initializer_range=0.3)
+  config.train.update(num_train_steps=2, batch_size=8, eval_every_steps=0, warmup_steps=1)
+  config.checkpoint.save_every_steps = 2
   config.logging.tensorboard = False
-  train.train_and_evaluate(config, str(tmp_path))
-  with pytest.raises(ValueError, match="pretrained by replaced-token detection"):
-    weights.load_pretrained(str(tmp_path))
+  workdir = str(tmp_path_factory.mktemp("gdes_run"))
+  train.train_and_evaluate(config, workdir)
+  return config, workdir
+
+
+def _inputs(vocab=64, length=32):
+  """Two rows, the second padded after 20 tokens, with segment B from position 10."""
+  ids = np.random.default_rng(1).integers(5, vocab, (2, length)).astype(np.int32)
+  mask = np.ones_like(ids)
+  mask[1, 20:], ids[1, 20:] = 0, 0
+  types = np.zeros_like(ids)
+  types[:, 10:] = 1
+  return ids, types, mask
+
+
+def _ours(config, workdir, method, *args):
+  params = checkpointing.restore_params(checkpointing.find_step_dir(workdir))
+  args = [None if a is None else jnp.asarray(a) for a in args]
+  outputs = _task(config).model.apply({"params": params}, *args, True,
+                                      method=method)
+  return jax.tree.map(np.asarray, outputs)
+
+
+def test_the_discriminator_reads_the_embeddings_it_trains_with():
+  """GDES: the generator's table plus the delta; "electra": the shared table; "none": the
+  discriminator's own, the generator reading `generator_embeddings`."""
+  from bert_jax.models import rtd as rtd_model  # pylint: disable=import-outside-toplevel
+  table = lambda v: {"word_embeddings": {"embedding": np.full((2, 2), v, np.float32)}}
+  params = {"embeddings": table(1.0), "embeddings_delta": table(0.25),
+            "generator_embeddings": table(7.0), "discriminator": {}, "generator": {},
+            "generator_mlm": {}}
+  word = lambda tree: tree["bert"]["embeddings"]["word_embeddings"]["embedding"][0, 0]
+  assert word(rtd_model.discriminator_params(params, "gdes")) == 1.25
+  assert word(rtd_model.generator_params(params, "gdes")) == 1.0
+  assert word(rtd_model.discriminator_params(params, "electra")) == 1.0
+  assert word(rtd_model.generator_params(params, "electra")) == 1.0
+  assert word(rtd_model.discriminator_params(params, "none")) == 1.0
+  assert word(rtd_model.generator_params(params, "none")) == 7.0
+
+
+def test_hf_electra_computes_the_exported_discriminator_and_generator(gdes_run, tmp_path):
+  """convert.py --to_hf of an RTD run: ElectraForPreTraining (OUT) and ElectraForMaskedLM
+  (OUT/generator) load with no missing or unexpected key and give bert_jax's logits within
+  1e-5, padding and segment B included."""
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  from bert_jax.weights import hf_electra  # pylint: disable=import-outside-toplevel
+  from bert_jax.models.rtd import ReplacedTokenDetection  # pylint: disable=import-outside-toplevel
+  config, workdir = gdes_run
+  out = str(tmp_path / "electra")
+  hf_electra.export(workdir, out)
+  ids, types, mask = _inputs()
+  positions = np.tile(np.arange(8, dtype=np.int32), (2, 1))
+  disc = _ours(config, workdir, ReplacedTokenDetection.discriminate, ids, types, mask)
+  gen = _ours(config, workdir, ReplacedTokenDetection.generate, ids, types, mask, positions)
+  torch_inputs = {"input_ids": torch.tensor(ids).long(), "token_type_ids": torch.tensor(types).long(),
+                  "attention_mask": torch.tensor(mask).long()}
+  for cls, directory in ((transformers.ElectraForPreTraining, out),
+                         (transformers.ElectraForMaskedLM, os.path.join(out, "generator"))):
+    model, info = cls.from_pretrained(directory, output_loading_info=True)
+    assert not info["missing_keys"] and not info["unexpected_keys"], (directory, info)
+    with torch.no_grad():
+      logits = model.eval()(**torch_inputs).logits.numpy()
+    if cls is transformers.ElectraForPreTraining:
+      real = mask.astype(bool)
+      assert np.abs(disc["disc_logits"]).max() > 0.5
+      np.testing.assert_allclose(logits[real], disc["disc_logits"][real], atol=1e-5)
+    else:
+      np.testing.assert_allclose(logits[:, :8], gen, atol=1e-5)
+  config_json = json.load(open(os.path.join(out, "config.json")))
+  assert (config_json["model_type"], config_json["embedding_size"]) == ("electra", 16)
+
+
+def test_an_rtd_run_loads_as_its_discriminator(gdes_run):
+  """init_from / load_pretrained / the embedding loader of an RTD workdir give the
+  discriminator: its encoder's states under ELECTRA's head are the run's disc_logits."""
+  from bert_jax import weights  # pylint: disable=import-outside-toplevel
+  from bert_jax.models.model import BertModel  # pylint: disable=import-outside-toplevel
+  from bert_jax.models.rtd import (DiscriminatorHead,  # pylint: disable=import-outside-toplevel
+                                   ReplacedTokenDetection)
+  config, workdir = gdes_run
+  loaded_config, params, _ = weights.load_pretrained(workdir)
+  assert set(params) == {"bert"} and "embeddings_project" in params["bert"]
+  ids, types, mask = _inputs()
+  states, _ = BertModel(loaded_config, add_pooling_layer=False).apply(
+      {"params": params["bert"]}, ids, types, mask)
+  raw = checkpointing.restore_params(checkpointing.find_step_dir(workdir))
+  logits = DiscriminatorHead(loaded_config).apply({"params": raw["discriminator_head"]}, states)
+  disc = _ours(config, workdir, ReplacedTokenDetection.discriminate, ids, types, mask)
+  real = mask.astype(bool)
+  np.testing.assert_allclose(np.asarray(logits)[real], disc["disc_logits"][real], atol=1e-5)
+  from bert_jax import predict  # pylint: disable=import-outside-toplevel
+  with pytest.raises(ValueError, match="has no vocabulary"):  # Read as an encoder, not refused.
+    predict.load_embedding_model(workdir)
+
+
+def test_a_modern_rtd_run_exports_modernbert_and_its_documented_head(tmp_path):
+  """The modern encoder's discriminator: ModernBertModel plus discriminator_head.safetensors
+  applied as discriminator_head.json says gives bert_jax's disc_logits within 1e-5."""
+  import safetensors.torch  # pylint: disable=import-outside-toplevel
+  import torch  # pylint: disable=import-outside-toplevel
+  import transformers  # pylint: disable=import-outside-toplevel
+  from bert_jax.models.rtd import ReplacedTokenDetection  # pylint: disable=import-outside-toplevel
+  from bert_jax.weights import hf_electra  # pylint: disable=import-outside-toplevel
+  from configs import modern_tiny  # pylint: disable=import-outside-toplevel
+  from tests.modern_runs import _TEST_SIZE, set_fields  # pylint: disable=import-outside-toplevel
+  config = set_fields(modern_tiny.get_config(), {
+      **_TEST_SIZE, "model.vocab_size": 64, "model.num_hidden_layers": 2,
+      "model.num_attention_heads": 2, "model.local_attention": 8,
+      "model.initializer_range": 0.3, "data.objective": "rtd", "train.num_train_steps": 1,
+      "train.warmup_steps": 0,
+      "checkpoint.save_every_steps": 1})
+  workdir, out = str(tmp_path / "run"), str(tmp_path / "export")
+  train.train_and_evaluate(config, workdir)
+  assert "ModernBertModel" in hf_electra.export(workdir, out)
+  ids, _, mask = _inputs()
+  disc = _ours(config, workdir, ReplacedTokenDetection.discriminate, ids, None, mask)
+  head = safetensors.torch.load_file(os.path.join(out, hf_electra.HEAD_FILE))
+  recipe = json.load(open(os.path.join(out, hf_electra.HEAD_CONFIG)))
+  activation = transformers.activations.ACT2FN[recipe["activation"]]
+  model, info = transformers.ModernBertModel.from_pretrained(out, output_loading_info=True)
+  assert not info["missing_keys"] and not info["unexpected_keys"], info
+  with torch.no_grad():
+    states = model.eval()(input_ids=torch.tensor(ids).long(),
+                          attention_mask=torch.tensor(mask).long()).last_hidden_state
+    hidden = activation(states @ head["dense.weight"].T + head["dense.bias"])
+    logits = (hidden @ head["dense_prediction.weight"].T + head["dense_prediction.bias"])[..., 0]
+  real = mask.astype(bool)
+  assert np.abs(disc["disc_logits"]).max() > 0.5
+  np.testing.assert_allclose(logits.numpy()[real], disc["disc_logits"][real], atol=1e-5)

@@ -23,6 +23,7 @@ import flax
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 from bert_jax.models import model as model_lib
 from bert_jax.models.model import BertConfig, BertModel, Embeddings, MaskedLMHead
@@ -155,3 +156,34 @@ def _positions(input_ids, position_ids):
 
 def _types(input_ids, token_type_ids):
   return jnp.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+
+
+# ------------------------------------------------- the two encoders as BertForPreTraining trees
+
+
+def _as_numpy(tree):
+  return jax.tree.map(lambda x: np.asarray(x, np.float32), nn.meta.unbox(dict(tree)))
+
+
+def discriminator_params(params, sharing: str) -> dict:
+  """The discriminator of RTD `params` as a `BertForPreTraining` tree (float32 numpy): `bert`
+  with the embeddings it reads ("gdes": the generator's plus the delta, as `_disentangled`
+  computes them) and, with NSP, its pooler and `nsp`. No MLM head: ELECTRA's discriminator
+  has none."""
+  params = _as_numpy(params)
+  embeddings = params["embeddings"]
+  if sharing == "gdes":
+    embeddings = jax.tree.map(np.add, embeddings, params["embeddings_delta"])
+  tree = {"bert": {**params["discriminator"], "embeddings": embeddings}}
+  if "nsp" in params:
+    tree["nsp"] = params["nsp"]
+  return tree
+
+
+def generator_params(params, sharing: str) -> dict:
+  """The generator of RTD `params` as a `BertForPreTraining` tree of `generator_config`
+  (float32 numpy): `bert` with the embeddings it reads and `mlm`, its tied MLM head."""
+  params = _as_numpy(params)
+  embeddings = params["generator_embeddings" if sharing == "none" else "embeddings"]
+  return {"bert": {**params["generator"], "embeddings": embeddings},
+          "mlm": params["generator_mlm"]}

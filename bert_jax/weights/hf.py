@@ -246,7 +246,7 @@ def hf_family(config: BertConfig) -> str:
   return "bert"
 
 
-def _filled(params: Mapping, config: BertConfig) -> dict:
+def filled(params: Mapping, config: BertConfig) -> dict:
   """`params` with absent heads as zeros: the name tables convert whole trees only (the zeros
   are dropped again)."""
   flat = params_lib.flatten(params)
@@ -259,7 +259,7 @@ def _state_to_save(params: Mapping, config: BertConfig,
   """The HF BERT state dict of checked `params`: absent heads and tied keys left out."""
   absent = tuple(_HEAD_PREFIXES[h] for h, present in heads.items() if not present)
   return {k: np.ascontiguousarray(v)
-          for k, v in hf_bert.params_to_hf(_filled(params, config), config).items()
+          for k, v in hf_bert.params_to_hf(filled(params, config), config).items()
           if k not in _TIED_KEYS and not k.startswith(absent)}
 
 
@@ -268,7 +268,7 @@ def _modern_state(params: Mapping, config: BertConfig,
   """(state dict, architecture) of the modern encoder: ModernBertForMaskedLM with the MLM head
   (the tied decoder.weight left out, as transformers' save_pretrained does), else
   ModernBertModel (its names carry no `model.` prefix)."""
-  state = hf_modernbert.params_to_hf(_filled(params, config), config)
+  state = hf_modernbert.params_to_hf(filled(params, config), config)
   del state["decoder.weight"]
   if heads["mlm"]:
     return state, "ModernBertForMaskedLM"
@@ -288,7 +288,7 @@ def _task_state(params: Mapping, config: BertConfig, family: str,
   return {**state, **hf_heads.state_from_params(head.params)}
 
 
-def _hf_config(config: BertConfig, architecture: str, vocab: Vocab | None) -> dict:
+def bert_config_json(config: BertConfig, architecture: str, vocab: Vocab | None) -> dict:
   return {
       "architectures": [architecture],
       "model_type": "bert",
@@ -329,25 +329,38 @@ def save_hf(output_dir: str, params: Mapping, config: BertConfig, vocab: Vocab |
     state, architecture = _modern_state(params, config, heads)
   else:
     state, architecture = _state_to_save(params, config, heads), hf_architecture(heads)
-  hf_config = (_modern_config if family == "modernbert" else _hf_config)(config, architecture,
-                                                                         vocab)
+  make_config = _modern_config if family == "modernbert" else bert_config_json
+  hf_config = make_config(config, architecture, vocab)
   if head is not None:
     hf_config.update(hf_heads.config_fields(head))
-  output_dir = files.fresh_output_dir(os.fspath(output_dir), overwrite)
-  files.write_json(storage.join(output_dir, CONFIG_FILE), hf_config)
-  weights_file = storage.join(output_dir, "model.safetensors")
-  state = {k: np.ascontiguousarray(v) for k, v in state.items()}
-  if storage.is_remote(weights_file):  # One upload of the bytes (safetensors writes local files).
-    storage.write_bytes(weights_file, safetensors.numpy.save(state, metadata={"format": "pt"}))
-  else:  # Streamed to disk, without a second copy of the weights in memory.
-    safetensors.numpy.save_file(state, weights_file, metadata={"format": "pt"})
-  if vocab is not None:
-    for name, content in hf_tokenizer.tokenizer_files(
-        vocab, config.max_position_embeddings, _INPUT_NAMES[family]).items():
-      storage.write_bytes(storage.join(output_dir, name), content)
+  write_directory(output_dir, hf_config, state, vocab, config.max_position_embeddings, family,
+                  overwrite)
   if head is None:
     _log_heads(output_dir, heads, architecture, family)
   return architecture
+
+
+def write_directory(output_dir: str, hf_config: dict, state: Mapping[str, np.ndarray],
+                    vocab: Vocab | None, max_length: int, family: str, overwrite: bool) -> str:
+  """A fresh HF directory (`files.fresh_output_dir`): config.json, model.safetensors of `state`
+  and, with a vocabulary, the tokenizer of `family`'s inputs; -> its absolute path."""
+  output_dir = files.fresh_output_dir(os.fspath(output_dir), overwrite)
+  files.write_json(storage.join(output_dir, CONFIG_FILE), hf_config)
+  save_safetensors(storage.join(output_dir, "model.safetensors"), state)
+  if vocab is not None:
+    for name, content in hf_tokenizer.tokenizer_files(vocab, max_length,
+                                                      _INPUT_NAMES[family]).items():
+      storage.write_bytes(storage.join(output_dir, name), content)
+  return output_dir
+
+
+def save_safetensors(path: str, state: Mapping[str, np.ndarray]) -> None:
+  """`state` as a safetensors file (PyTorch's metadata), local or in a bucket."""
+  state = {k: np.ascontiguousarray(v) for k, v in state.items()}
+  if storage.is_remote(path):  # One upload of the bytes (safetensors writes local files).
+    storage.write_bytes(path, safetensors.numpy.save(state, metadata={"format": "pt"}))
+  else:  # Streamed to disk, without a second copy of the weights in memory.
+    safetensors.numpy.save_file(state, path, metadata={"format": "pt"})
 
 
 def _log_heads(output_dir: str, heads: Mapping[str, bool], architecture: str,
