@@ -43,7 +43,8 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 # `--durations=0` when a file's weight changes a lot.
 HEAVIEST_FILES = (
     "test_train_e2e.py", "test_modern_encoder.py", "test_finetune.py", "test_cloud_workdir.py",
-    "test_multihost.py", "test_beir.py", "test_embedding.py", "test_interop_modern.py",
+    "test_multihost.py", "test_beir.py", "test_embedding.py", "test_rtd.py",
+    "test_interop_modern.py",
     "test_beam_prepare.py", "test_optimizer.py", "test_train_step.py", "test_model.py",
     "test_downstream.py", "test_interop.py", "test_convert_predict_guards.py",
     "test_task_extension.py", "test_pipeline.py", "test_mesh_sweep.py", "test_hf_heads.py",

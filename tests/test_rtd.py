@@ -127,10 +127,10 @@ def test_which_loss_reaches_the_embeddings(sharing):
                         is_leaf=lambda x: hasattr(x, "unbox"))
   norm = lambda tree: float(sum(jnp.sum(jnp.abs(x)) for x in jax.tree.leaves(tree)))
 
-  def grads(term):
-    return jax.grad(lambda p: task.loss_sums(p, batch, jax.random.key(2))[term])(params)
+  def grads(term):  # Compiled: run eagerly, the two encoders' backward passes take minutes.
+    return jax.grad(lambda p: task.loss_sums(p, batch, jax.random.key(2))[term])
 
-  disc, mlm = grads("disc_loss_sum"), grads("mlm_loss_sum")
+  disc, mlm = jax.jit(lambda p: (grads("disc_loss_sum")(p), grads("mlm_loss_sum")(p)))(params)
   assert norm(disc["discriminator"]) > 0 and norm(mlm["generator"]) > 0
   assert norm(mlm["discriminator"]) == 0.0  # Samples carry no gradient.
   if sharing == "gdes":
