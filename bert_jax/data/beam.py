@@ -239,11 +239,17 @@ def _pgrep_children(parent: int) -> list[int]:
   return [int(p) for p in listed]
 
 
+_INTERRUPT_REPEAT_SECONDS = 10.0
+
+
 @contextlib.contextmanager
 def _interrupt_reaches_workers() -> Iterator[None]:
   """SIGINT sent to this process alone (`kill -INT`, a parent's send_signal) goes on to the
   worker processes the pipeline started, as a terminal's Ctrl-C does: Beam's DirectRunner
   otherwise may wait on its way out for workers that wait for work, forever (seen once here).
+  While the interrupted pipeline is still unwinding, the signal is sent again every
+  `_INTERRUPT_REPEAT_SECONDS` (to this process and its workers): a wait inside Beam's own
+  cleanup then ends too (a Ctrl-C to the whole process group once outlived a test's 60 s).
   Once interrupted, the errors of Beam's threads watching those workers go to the log only."""
   previous = signal.getsignal(signal.SIGINT)
   if threading.current_thread() is not threading.main_thread() or previous == signal.SIG_IGN:
@@ -251,7 +257,15 @@ def _interrupt_reaches_workers() -> Iterator[None]:
     return
   interrupted, previous_hook = threading.Event(), threading.excepthook
 
+  unwound = threading.Event()
+
+  def repeat() -> None:
+    while not unwound.wait(_INTERRUPT_REPEAT_SECONDS):
+      os.kill(os.getpid(), signal.SIGINT)
+
   def forward(signum, frame):
+    if not interrupted.is_set():
+      threading.Thread(target=repeat, daemon=True, name="repeat-sigint").start()
     interrupted.set()
     for pid in _descendants(os.getpid()):
       try:
@@ -272,6 +286,7 @@ def _interrupt_reaches_workers() -> Iterator[None]:
   try:
     yield
   finally:
+    unwound.set()
     signal.signal(signal.SIGINT, previous)
     threading.excepthook = previous_hook
 
