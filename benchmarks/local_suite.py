@@ -159,6 +159,15 @@ def run_one(task, name, init_from, args, vocab, seed, root) -> dict:
           "freeze_encoder": args.freeze_encoder, "train_sample": args.train_examples}
 
 
+def run_to_file(encoders: dict[str, str], args, stem: str) -> list[dict]:
+  """`run`, its rows written to benchmarks/results/<stem>.jsonl and tabulated."""
+  rows = run(encoders, args)
+  with open(os.path.join(os.path.dirname(RESULTS), f"{stem}.jsonl"), "w") as f:
+    f.writelines(json.dumps(row) + "\n" for row in rows)
+  print_table(rows, list(encoders))
+  return rows
+
+
 def print_table(rows: list[dict], encoders: list[str]) -> None:
   """task | metric | chance | mean score per encoder (min-max over seeds) | minutes each."""
   tasks = list(dict.fromkeys(r["task"] for r in rows))

@@ -71,9 +71,11 @@ VARIANTS = {
 SCRATCH = {"scratch": "tiny", "scratch_modern": "modern_tiny"}
 
 
-def variant_config(name: str, overrides: dict | None = None):
+def variant_config(name: str, overrides: dict | None = None, variants: dict | None = None):
+  """The config of variant `name` of `variants` (default VARIANTS: module, overrides), with
+  `overrides` on top, on one device."""
   import importlib
-  module, changes = VARIANTS[name]
+  module, changes = (variants or VARIANTS)[name]
   config = importlib.import_module(f"configs.{module}").get_config()
   for path, value in {**changes, **(overrides or {})}.items():
     section, field = path.split(".")
@@ -181,11 +183,8 @@ def finetune(args) -> None:
   bases = {VARIANTS[n][0] for n in names}  # By default a scratch twin of each base config.
   encoders.update({name: f"scratch:configs.{base}" for name, base in SCRATCH.items()
                    if (name in wanted if wanted else base in bases)})
-  rows = local_suite.run(encoders, args)
-  stem = f"{args.tag}_finetune" + (f"_n{args.train_examples}" if args.train_examples else "")
-  with open(os.path.join(RESULTS, f"{stem}.jsonl"), "w") as f:
-    f.writelines(json.dumps(row) + "\n" for row in rows)
-  local_suite.print_table(rows, list(encoders))
+  local_suite.run_to_file(encoders, args, f"{args.tag}_finetune"
+                          + (f"_n{args.train_examples}" if args.train_examples else ""))
 
 
 def main():

@@ -35,7 +35,6 @@ Results: benchmarks/results/rtd_race.jsonl, rtd_race_finetune.jsonl, the tables 
 """
 
 import argparse
-import importlib
 import json
 import os
 
@@ -50,16 +49,6 @@ VARIANTS = {
     "modern_rtd": ("modern_electra_tiny", {"rtd.embedding_sharing": "electra"}),
     "modern_rtd_gdes": ("modern_electra_tiny", {}),
 }
-
-
-def variant_config(name: str):
-  module, changes = VARIANTS[name]
-  config = importlib.import_module(f"configs.{module}").get_config()
-  for path, value in changes.items():
-    section, field = path.split(".")
-    config[section][field] = value
-  config.mesh.data = 1
-  return config
 
 
 def flops_per_step(variant: Variant) -> float:
@@ -150,10 +139,7 @@ def finetune(args) -> None:
   if not names:
     raise SystemExit(f"--finetune: no raced encoder under {directory}")
   encoders = {n: os.path.join(directory, n) for n in names}
-  rows = local_suite.run(encoders, args)
-  with open(os.path.join(RESULTS, f"{args.tag}_finetune.jsonl"), "w") as f:
-    f.writelines(json.dumps(row) + "\n" for row in rows)
-  local_suite.print_table(rows, list(encoders))
+  local_suite.run_to_file(encoders, args, f"{args.tag}_finetune")
 
 
 def main():
@@ -176,7 +162,8 @@ def main():
     finetune(args)
     return
   names = args.only.split(",") if args.only else list(VARIANTS)
-  variants = [Variant(n, variant_config(n), args.workdir) for n in names]
+  variants = [Variant(n, recipes.variant_config(n, variants=VARIANTS), args.workdir)
+              for n in names]
   for v in variants:
     print(f"{v.name}: {v.num_params:,} params, {flops_per_step(v) / 1e9:.1f} GFLOP/step",
           flush=True)
