@@ -24,7 +24,8 @@ its generator's), and for RTD the discriminator's AUC, accuracy and its trivial 
 
 Encoders go to <workdir>/encoders/<name>@<mark> (the discriminator of an RTD run, as
 bert_jax pretrained directories); --finetune runs the local suite (benchmarks/local_suite.py,
-its flags: --tasks, --seeds, --train_examples) on them.
+its flags: --tasks, --seeds, --train_examples) on them and on random-init twins of the classic
+and modern discriminators.
 
 Run:
   <venv>/bin/python benchmarks/rtd_race.py --workdir=/tmp/rtd_race --minutes=4 --flop_steps=600
@@ -139,6 +140,8 @@ def finetune(args) -> None:
   if not names:
     raise SystemExit(f"--finetune: no raced encoder under {directory}")
   encoders = {n: os.path.join(directory, n) for n in names}
+  if not wanted:  # Random-init twins of the two discriminators (the same vocabulary).
+    encoders.update(scratch="scratch:configs.tiny", scratch_modern="scratch:configs.modern_tiny")
   local_suite.run_to_file(encoders, args, f"{args.tag}_finetune")
 
 
