@@ -366,9 +366,10 @@ class _RaisingParser(argparse.ArgumentParser):
     raise ValueError(message)
 
 
-def _parser_trees(source: str) -> list[ast.Module]:
-  """The script's syntax tree, then those of the sibling benchmark modules whose `parser()` it
-  takes as argparse parents (`parents=[local_suite.parser()]`: their options are the script's)."""
+def _parser_trees(source: str) -> list[ast.AST]:
+  """The script's syntax tree, then those of the functions of sibling benchmark modules it
+  takes argparse parents from (`parents=[local_suite.parser()]`: their options are the
+  script's)."""
   trees = [ast.parse(source)]
   for node in ast.walk(trees[0]):
     if isinstance(node, ast.keyword) and node.arg == "parents" and isinstance(node.value, ast.List):
@@ -376,8 +377,9 @@ def _parser_trees(source: str) -> list[ast.Module]:
         if (isinstance(parent, ast.Call) and isinstance(parent.func, ast.Attribute)
             and isinstance(parent.func.value, ast.Name)):
           module = os.path.join(ROOT, "benchmarks", f"{parent.func.value.id}.py")
-          if os.path.exists(module):
-            trees.append(ast.parse(_read(module)))
+          if os.path.exists(module):  # That function's options only (not its main()'s).
+            trees += [n for n in ast.parse(_read(module)).body
+                      if isinstance(n, ast.FunctionDef) and n.name == parent.func.attr]
   return trees
 
 

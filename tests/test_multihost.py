@@ -13,6 +13,8 @@ import time
 
 import pytest
 
+from bert_jax import train
+from configs import tiny
 from test_train_e2e import ROOT, TINY, _checkpoint_steps, _launch, _train_losses
 from tests.suite_flags import xla_flags
 
@@ -136,13 +138,20 @@ def test_rtd_gives_one_process_of_8_devices_losses_on_two_of_4(reference, tmp_pa
   _, dataset_dir = reference
   rtd = ("--config.data.objective=rtd_nsp", "--config.rtd.embedding_sharing=gdes",
          "--config.rtd.generator_hidden_fraction=0.5")
-  one = str(tmp_path / "one")
-  result = _launch(one, "--config.data.source=prepared", f"--config.data.dataset_dir={dataset_dir}",
-                   "--config.train.num_train_steps=3", "--config.checkpoint.save_every_steps=3",
-                   *rtd, devices=8)
-  assert result.returncode == 0, result.stdout + result.stderr
-  two = str(tmp_path / "two")
-  codes, outputs = _finish(_start_processes(two, dataset_dir, *rtd, steps=3))
+  one, two = str(tmp_path / "one"), str(tmp_path / "two")
+  processes = _start_processes(two, dataset_dir, *rtd, steps=3)
+  # 1 x 8: this process (8 devices), while the two processes start; the launch's flags as
+  # config overrides.
+  config = tiny.get_config()
+  for flag in [*TINY[1:], "--config.data.source=prepared",
+               f"--config.data.dataset_dir={dataset_dir}", "--config.train.num_train_steps=3",
+               "--config.checkpoint.save_every_steps=3", *rtd]:
+    path, value = flag[len("--config."):].split("=", 1)
+    section, field = path.split(".")
+    old = config[section][field]
+    config[section][field] = (value == "true" if isinstance(old, bool) else type(old)(value))
+  train.train_and_evaluate(config, one)
+  codes, outputs = _finish(processes)
   assert codes == [0, 0], outputs
   records = {}
   for name, workdir in (("one", one), ("two", two)):

@@ -19,6 +19,10 @@ from bert_jax.tasks import PretrainingTask, RtdTask
 from configs import tiny
 from tests.sigterm_at import SigtermAt
 
+# In-process trainings on one device (tests/conftest.py): what they pin (resume, exports,
+# loading) does not depend on the mesh; tests/test_multihost.py runs RTD on 8 devices.
+pytestmark = pytest.mark.usefixtures("one_device")
+
 
 def _config(objective="rtd", sharing="electra", **rtd):
   config = tiny.get_config()
