@@ -15,9 +15,9 @@ GDES's discriminator as the generator's table plus the delta.
 The modern encoder: ELECTRA has no rotary, GeGLU or pre-LN blocks, so the discriminator's
 encoder is written as `ModernBertModel` and its head beside it in `HEAD_FILE` (ELECTRA's
 `discriminator_predictions` names and PyTorch layouts) with `HEAD_CONFIG` saying how to apply
-it: `logits = dense_prediction(act(dense(last_hidden_state))).squeeze(-1)`. The generator has
-no ModernBERT form when its embeddings are the discriminator's width (no projection in
-ModernBERT) and is not written.
+it: `logits = dense_prediction(act(dense(last_hidden_state))).squeeze(-1)`. The generator is
+not written: with shared embeddings it is narrower than they are, which ModernBERT (no
+embeddings projection) cannot represent.
 """
 
 import logging
@@ -109,8 +109,8 @@ def _export_modern(run: training.RtdRun, output_dir: str, overwrite: bool) -> st
                  "[1, H], dense_prediction.bias [1] (torch.nn.Linear layouts)",
       "output": "one logit per token: > 0 means the token was replaced",
   })
-  logger.info("%s: the generator has no ModernBERT form (its width differs from the shared "
-              "embeddings'); not written", output_dir)
+  logger.info("%s: the discriminator only; the generator is not exported for the modern "
+              "encoder", output_dir)
   return f"{architecture} (the discriminator) with its head in {HEAD_FILE}"
 
 

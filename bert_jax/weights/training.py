@@ -53,12 +53,17 @@ def _read(path: str) -> tuple[str, dict, BertConfig, dict]:
   return step_dir, meta, config, checkpointing.restore_params(step_dir)
 
 
-def rtd_settings(path: str) -> dict | None:
-  """The `rtd` meta of a replaced-token-detection run at `path` (its sharing, generator sizes),
-  or None for any other checkpoint."""
-  step_dir = checkpointing.find_step_dir(path)
-  task = checkpointing.read_meta(step_dir).get("task") if step_dir is not None else None
+def _rtd_meta(meta: dict) -> dict | None:
+  """The `rtd` part of a checkpoint's meta (its sharing, generator sizes), None if not RTD."""
+  task = meta.get("task")
   return task.get("rtd") if isinstance(task, dict) and task.get("name") == "rtd" else None
+
+
+def rtd_settings(path: str) -> dict | None:
+  """The `rtd` meta of a replaced-token-detection run at `path`, or None for any other
+  checkpoint."""
+  step_dir = checkpointing.find_step_dir(path)
+  return None if step_dir is None else _rtd_meta(checkpointing.read_meta(step_dir))
 
 
 def _checked(params: dict, config: BertConfig, source: str) -> tuple[BertConfig, dict]:
@@ -71,7 +76,7 @@ def load(path: str) -> tuple[BertConfig, dict, Vocab | None]:
   discriminator (`models.rtd.discriminator_params`: the encoder, with the pooler and NSP head
   when it trained NSP): the encoder ELECTRA fine-tunes."""
   step_dir, meta, config, params = _read(path)
-  rtd = meta["task"].get("rtd") if isinstance(meta.get("task"), dict) else None
+  rtd = _rtd_meta(meta)
   if rtd is not None:
     logger.info("%s: replaced-token detection; its discriminator is the encoder", step_dir)
     params = rtd_model.discriminator_params(params, rtd["embedding_sharing"])
@@ -95,7 +100,7 @@ class RtdRun:
 def load_rtd(path: str) -> RtdRun:
   """The generator and discriminator of the RTD checkpoint at `path` (`convert.py --to_hf`)."""
   step_dir, meta, config, params = _read(path)
-  rtd = rtd_settings(step_dir)
+  rtd = _rtd_meta(meta)
   if rtd is None:
     raise ValueError(f"{step_dir} was not pretrained by replaced-token detection")
   sharing = rtd["embedding_sharing"]
