@@ -41,6 +41,7 @@ from bert_jax import tasks
 from bert_jax.tasks import embedding
 from bert_jax.models import model, splash
 from bert_jax.models import rtd as rtd_model
+from bert_jax.objectives import diffusion
 from bert_jax.training import optimizer, sharding
 from bert_jax.data import packing
 
@@ -219,6 +220,16 @@ def widths() -> Check:
   return check
 
 
+def fractions(low_open: bool) -> Check:
+  """A non-empty tuple of numbers in [0, 1] ((0, 1] when `low_open`): rates, or stage starts."""
+  def check(value: Any) -> str | None:
+    if (isinstance(value, (tuple, list)) and value and all(
+        _is_number(v) and (0.0 < v if low_open else 0.0 <= v) and v <= 1.0 for v in value)):
+      return None
+    return f"must be a non-empty tuple of numbers in {'(0' if low_open else '[0'}, 1]"
+  return check
+
+
 def label_names() -> Check:
   """Distinct label names (str or int; 1 and "1" are one label: finetune_data.label_name)."""
   def check(value: Any) -> str | None:
@@ -366,6 +377,11 @@ PRETRAINING_RULES: dict[str, Check] = {
     "masking.mask_token_prob": probability(),
     "masking.random_token_prob": probability(),
     "masking.whole_word_masking": boolean(),
+    "masking.rate_schedule": one_of(("constant", "stages")),
+    "masking.stage_rates": fractions(low_open=True),
+    "masking.stage_starts": fractions(low_open=False),
+    "diffusion.schedule": one_of(diffusion.SCHEDULES),
+    "diffusion.eval_points": integer(0, "0: no held-out bound", high=1024),
     **_TRAIN_RULES,
     "train.eval_max_batches": integer(0, "0: the whole validation split"),
     **_MESH_RULES,
@@ -462,8 +478,12 @@ def _predictions_cover_a_row(config) -> str | None:
   # least 1: BERT-Base's 16 at L = 512 can need 80 > round(0.15 x 512)), in training and at the
   # evaluation rate.
   masking, data = config.masking, config.data
-  name, rate = max((("mask_prob", masking.mask_prob), ("eval_mask_prob", masking.eval_mask_prob)),
-                   key=lambda pair: pair[1])
+  if data.objective == "diffusion":  # Its corruption has a slot per position (P = L).
+    return None
+  rates = [("mask_prob", masking.mask_prob), ("eval_mask_prob", masking.eval_mask_prob)]
+  if masking.rate_schedule == "stages":
+    rates = [(f"stage_rates[{i}]", r) for i, r in enumerate(masking.stage_rates)] + rates[1:]
+  name, rate = max(rates, key=lambda pair: pair[1])
   rows = packing.row_format(data.objective)
   examples = packing.examples_per_row(rows, data.max_examples_per_row)
   needed = masking_lib.max_targets_per_row(rate, data.max_seq_length, examples,
@@ -519,6 +539,25 @@ def _rtd_generator_fits(config) -> str | None:
       return (f"config.masking.{name}={rate} with objective {config.data.objective!r}: above "
               "0.5 most real tokens would be replaced, so the discriminator's classes swap "
               "and the generator sees mostly [MASK]; ELECTRA masks 0.15 (0.25 at large size)")
+  return None
+
+
+def _rate_stages_line_up(config) -> str | None:
+  """masking.rate_schedule "stages": a start per rate, ascending from 0; not with objectives
+  whose rate is their own (diffusion's t)."""
+  m = config.masking
+  if m.rate_schedule != "stages":
+    return None
+  if config.data.objective == "diffusion":
+    return ("config.masking.rate_schedule='stages' with objective 'diffusion': diffusion masks "
+            "each example at its own t; use rate_schedule 'constant'")
+  starts = list(m.stage_starts)
+  if len(starts) != len(m.stage_rates):
+    return (f"config.masking.stage_starts has {len(starts)} entries and "
+            f"config.masking.stage_rates {len(m.stage_rates)}: give one start per rate")
+  if starts[0] != 0 or any(b <= a for a, b in zip(starts, starts[1:])):
+    return (f"config.masking.stage_starts={tuple(starts)} must start at 0 and ascend "
+            "(fractions of num_train_steps)")
   return None
 
 
@@ -616,7 +655,7 @@ PRETRAINING_RELATIONS: tuple[Relation, ...] = (
     _replacements_sum_to_at_most_one, _microbatches_divide_batch, _one_inferred_mesh_axis,
     _prepared_needs_dataset_dir, _builtin_needs_validation,
     _window_fits_a_row, _span_warmup_is_mlm, _splash_blocks_divide_a_row,
-    _wsd_warmup_ends_before_the_decay, _rtd_generator_fits)
+    _wsd_warmup_ends_before_the_decay, _rtd_generator_fits, _rate_stages_line_up)
 
 FINETUNING_RELATIONS: tuple[Relation, ...] = (
     _model_relations_hold, _scratch_length_fits_positions,

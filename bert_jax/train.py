@@ -21,7 +21,9 @@ from bert_jax.data.vocab import Vocab
 from bert_jax.objectives.masking import MaskingConfig
 from bert_jax.models import rtd as rtd_model
 from bert_jax.models.model import BertConfig
+from bert_jax.objectives.diffusion import DiffusionSettings
 from bert_jax.tasks import PretrainingTask
+from bert_jax.tasks.diffusion import DiffusionTask
 from bert_jax.tasks.rtd import RtdSettings, RtdTask
 from bert_jax.training.settings import TrainSettings
 
@@ -95,8 +97,13 @@ def pretraining_task(config, model_config: BertConfig, meta: dict | None) -> Pre
   eval_rate = config.masking.eval_mask_prob or config.masking.mask_prob
   common = dict(eval_masking=dataclasses.replace(masking, mask_prob=eval_rate),
                 span_warmup_steps=config.data.span_warmup_steps,
-                span_warmup_start=config.data.span_warmup_start)
+                span_warmup_start=config.data.span_warmup_start,
+                rate_stages=rate_stages(config.masking, config.train.num_train_steps),
+                diffusion=DiffusionSettings(config.diffusion.schedule,
+                                            config.diffusion.eval_points))
   shape = (model_config, masking, config.data.max_seq_length, examples_per_row(config))
+  if config.data.objective == "diffusion":
+    return DiffusionTask(*shape, **{**common, "rate_stages": ()})
   if config.data.objective.startswith("rtd"):
     r = config.rtd
     generator = rtd_model.generator_config(model_config, r.generator_hidden_fraction,
@@ -104,8 +111,18 @@ def pretraining_task(config, model_config: BertConfig, meta: dict | None) -> Pre
                                            r.embedding_sharing)
     settings = RtdSettings(generator, r.embedding_sharing, float(r.disc_weight),
                            nsp=config.data.objective == "rtd_nsp")
-    return RtdTask(*shape, **common, rtd=settings)
+    # The discriminator has no MLM head: no held-out bound.
+    return RtdTask(*shape, **{**common, "diffusion": DiffusionSettings(eval_points=0)},
+                   rtd=settings)
   return PretrainingTask(*shape, **common)
+
+
+def rate_stages(masking, num_train_steps: int) -> tuple[tuple[int, float], ...]:
+  """config.masking's "stages" schedule as (first step, rate) pairs; () for "constant"."""
+  if masking.rate_schedule == "constant":
+    return ()
+  return tuple((int(round(start * num_train_steps)), float(rate))
+               for start, rate in zip(masking.stage_starts, masking.stage_rates))
 
 
 def _builtin_root(config, workdir: str) -> str:

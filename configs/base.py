@@ -99,7 +99,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.data.max_seq_length = 128  # Tokens per row, [CLS] A [SEP] B [SEP] included.
   # "mlm_nsp": BERT's NSP pairs, MLM + NSP losses. "mlm": RoBERTa's FULL-SENTENCES rows
   # (contiguous text across sentences and documents, [SEP] between documents, every row full),
-  # MLM only.
+  # MLM only. "diffusion": FULL-SENTENCES rows, masked diffusion (config.diffusion).
   config.data.objective = "mlm_nsp"
   # K: NSP examples packed per row of max_seq_length (attention stays inside each example);
   # 1 = unpacked (one example per row, padded). A prepared dataset is packed for one K: train
@@ -141,6 +141,25 @@ def get_config() -> ml_collections.ConfigDict:
   config.masking.random_token_prob = 0.1  # Of the selected: replaced by a random token.
   #                                          The rest (0.1) keep their token.
   config.masking.whole_word_masking = False  # Select whole words (pieces of a word together).
+  # "constant": mask_prob at every step. "stages": mmBERT's inverse schedule, stage_rates[i]
+  # from step stage_starts[i] x num_train_steps on (P must hold the largest rate's targets).
+  config.masking.rate_schedule = "constant"
+  config.masking.stage_rates = (0.3, 0.15, 0.05)  # "stages": mmBERT's 30% -> 15% -> 5%.
+  # "stages": where each stage starts, as fractions of num_train_steps (mmBERT: 2.3T, 0.6T and
+  # 0.1T of its 3T tokens).
+  config.masking.stage_starts = (0.0, 0.767, 0.967)
+
+  # ---------------------------------------------------------------- masked diffusion
+  # Objective "diffusion" (bert_jax/objectives/diffusion.py): each example masked at its own
+  # t ~ U(1e-3, 1), stratified over the global batch, every masked token [MASK] (the masking
+  # section's rates, 80/10/10, P and whole-word option are not used), loss the NELBO per token.
+  config.diffusion = ml_collections.ConfigDict()
+  # "linear": masked with probability t, ELBO weight 1/t (LLaDA, MDLM); "loglinear": MDLM's
+  # LogLinearNoise (masked with probability (1 - 1e-3) t).
+  config.diffusion.schedule = "linear"
+  # Points of the fixed grid of t over which held-out evaluation reports the NELBO
+  # (elbo_nats_per_token) for objectives mlm, mlm_nsp and diffusion; 0: not reported.
+  config.diffusion.eval_points = 8
 
   # ---------------------------------------------------------------- replaced-token detection
   # Objectives "rtd" / "rtd_nsp" (bert_jax/tasks/rtd.py): a generator (an MLM encoder of the

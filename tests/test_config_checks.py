@@ -154,6 +154,9 @@ PRETRAINING_BAD = _SHARED_BAD + [
     ("masking.whole_word_masking", None), ("masking.eval_mask_prob", 1.5),
     ("rtd.generator_hidden_fraction", 0.0), ("rtd.generator_layers", -1),
     ("rtd.generator_heads", -1), ("rtd.embedding_sharing", "tied"), ("rtd.disc_weight", -1.0),
+    ("masking.rate_schedule", "mmbert"), ("masking.stage_rates", (0.3, 0.0)),
+    ("masking.stage_rates", ()), ("masking.stage_starts", (0.0, 1.5)),
+    ("diffusion.schedule", "cosine"), ("diffusion.eval_points", -1),
     ("train.num_train_steps", 0),
     ("data.span_warmup_steps", -1), ("data.span_warmup_start", 0),
     ("model.classifier_pooling", "auto"),  # Fine-tuning's only: "the checkpoint's".
@@ -289,6 +292,18 @@ def test_unavailable_attention_kernel_is_refused_before_any_work():
      "config.train.warmup_steps=950 runs past the start of schedule 'wsd''s decay at step 900 "
      "(num_train_steps 1000 less 100 decay steps, decay_fraction 0.1): the learning rate would "
      "never reach its peak; use warmup_steps <= 900"),
+    # mmBERT's stages: a start per rate, from 0, ascending; P holds the largest stage's targets.
+    (dict(masking__rate_schedule="stages", masking__stage_starts=(0.0, 0.5),
+          masking__max_predictions_per_seq=40),
+     "config.masking.stage_starts has 2 entries and config.masking.stage_rates 3"),
+    (dict(masking__rate_schedule="stages", masking__stage_starts=(0.1, 0.5, 0.9),
+          masking__max_predictions_per_seq=40),
+     "config.masking.stage_starts=(0.1, 0.5, 0.9) must start at 0 and ascend"),
+    (dict(masking__rate_schedule="stages"),
+     "config.masking.max_predictions_per_seq=20 cannot hold the 38 targets of a full row (up to "
+     "4 examples in max_seq_length 128, each max(1, round(stage_rates[0] 0.3 x"),
+    (dict(masking__rate_schedule="stages", data__objective="diffusion"),
+     "config.masking.rate_schedule='stages' with objective 'diffusion'"),
 ])
 def test_broken_pretraining_relations(overrides, message):
   assert _refused(config_checks.check_pretraining, _pretraining(**overrides)).startswith(message)

@@ -30,8 +30,10 @@ from typing import NamedTuple
 # "mlm_nsp": BERT's NSP pairs, packed K to a row; "mlm": RoBERTa's FULL-SENTENCES rows.
 OBJECTIVES = ("mlm_nsp", "mlm")
 # config.data.objective -> the rows it trains on (the format a prepared dataset records):
-# replaced-token detection (`tasks/rtd.py`) reads MLM's rows, with NSP ("rtd_nsp") or without.
-ROW_FORMATS = {"mlm_nsp": "mlm_nsp", "mlm": "mlm", "rtd": "mlm", "rtd_nsp": "mlm_nsp"}
+# replaced-token detection (`tasks/rtd.py`) reads MLM's rows, with NSP ("rtd_nsp") or without;
+# masked diffusion (`tasks/diffusion.py`) reads MLM's rows.
+ROW_FORMATS = {"mlm_nsp": "mlm_nsp", "mlm": "mlm", "rtd": "mlm", "rtd_nsp": "mlm_nsp",
+               "diffusion": "mlm"}
 
 
 def row_format(objective: str) -> str:

@@ -30,6 +30,8 @@ import jax.numpy as jnp
 import ml_collections
 import numpy as np
 
+COUNT_RULES = ("round", "bernoulli")
+COUNT_STREAM = 0x434E5400  # fold_in of the masking key: "bernoulli" counts' draws ("CNT").
 
 @dataclasses.dataclass(frozen=True)
 class MaskingConfig:
@@ -48,6 +50,10 @@ class MaskingConfig:
   mask_token_prob: float = 0.8
   random_token_prob: float = 0.1
   whole_word_masking: bool = False
+  # How an example's rate r becomes its targets: "round", BERT's min(P, max(1, round(r x n)))
+  # of its n eligible tokens; "bernoulli", each eligible token on its own with probability r
+  # (masked diffusion: a Binomial(n, r) count, capped at P).
+  count_rule: str = "round"
 
   def __post_init__(self):
     def as_int(name: str, value) -> int:
@@ -94,6 +100,8 @@ class MaskingConfig:
     if not isinstance(self.whole_word_masking, (bool, np.bool_)):
       raise TypeError(f"MaskingConfig.whole_word_masking must be a bool, got "
                       f"{self.whole_word_masking!r}")
+    if self.count_rule not in COUNT_RULES:
+      raise ValueError(f"MaskingConfig.count_rule={self.count_rule!r}: use one of {COUNT_RULES}")
     # Normalised values (plain Python types) keep equal configs equal and hashable.
     for name, value in (("vocab_size", vocab_size), ("mask_token_id", mask_token_id),
                         ("special_token_ids", special), ("mask_prob", mask_prob),
@@ -131,6 +139,41 @@ def _num_to_predict_table(length: int, config: MaskingConfig) -> np.ndarray:
   """[length + 1] int32: targets of an example for each count of eligible tokens (capped at P)."""
   return np.asarray([min(config.max_predictions_per_seq, example_targets(n, config.mask_prob))
                      for n in range(length + 1)], np.int32)
+
+
+def targets_per_example(key: jax.Array, eligible: jax.Array, n_eligible: jax.Array,
+                        examples: "_Examples", config: MaskingConfig,
+                        rate: jax.Array | None) -> jax.Array:
+  """The one path from a masking rate to each example's number of targets (the same shape as
+  `n_eligible`: [B, L] per position, [B, 1] for whole rows), whatever the rate's source: BERT's
+  fixed `mask_prob`, a rate scheduled by step (mmBERT's 30% -> 15% -> 5%) or a rate per example
+  (masked diffusion's t).
+
+  "round": min(P, max(1, round(r n))) for n >= 1 eligible tokens (0 for none); the fixed rate
+  reads the float64 table of the original, a traced rate rounds in float32 (half to even).
+  "bernoulli": the number of the example's eligible tokens whose uniform draw falls below r,
+  i.e. Binomial(n, r); choosing that many uniformly (`_select_tokens`) then selects each token
+  independently with probability r, as MDLM / LLaDA mask."""
+  if rate is None and config.count_rule == "round":
+    return jnp.asarray(_num_to_predict_table(eligible.shape[1], config))[n_eligible]
+  rate = jnp.float32(config.mask_prob) if rate is None else jnp.asarray(rate, jnp.float32)
+  if config.count_rule == "round":
+    count = jnp.maximum(1.0, jnp.round(n_eligible.astype(jnp.float32) * rate)).astype(jnp.int32)
+    count = jnp.where(n_eligible > 0, count, 0)
+  else:
+    hits = eligible & (jax.random.uniform(key, eligible.shape, jnp.float32) < rate)  # [B, L]
+    count = examples.total(hits.astype(jnp.int32))
+  return jnp.minimum(count, config.max_predictions_per_seq).astype(jnp.int32)
+
+
+def stage_rate(step: jax.Array, stage_starts: tuple[int, ...],
+               stage_rates: tuple[float, ...]) -> jax.Array:
+  """f32 scalar: the rate of the last stage started by optimizer step `step` (`stage_starts`
+  ascending, the first 0): mmBERT's inverse masking schedule, 30% in pretraining, 15% in
+  mid-training, 5% in the decay phase, as stages of one run."""
+  started = jnp.sum((jnp.asarray(step, jnp.int32) >= jnp.asarray(stage_starts, jnp.int32))
+                    .astype(jnp.int32)) - 1
+  return jnp.asarray(stage_rates, jnp.float32)[jnp.maximum(started, 0)]
 
 
 @functools.lru_cache(maxsize=256)
@@ -321,7 +364,8 @@ def _nth_non_special(index: jax.Array, special_ids: tuple[int, ...]) -> jax.Arra
 @functools.partial(jax.jit, static_argnames=("config",))
 def mask_tokens(rng: jax.Array, input_ids: jax.Array, config: MaskingConfig,
                 word_starts: jax.Array | None = None,
-                segment_ids: jax.Array | None = None) -> dict[str, jax.Array]:
+                segment_ids: jax.Array | None = None,
+                rate: jax.Array | None = None) -> dict[str, jax.Array]:
   """Corrupts a batch for MLM; `config` is static, everything else traced.
 
   Args:
@@ -331,6 +375,9 @@ def mask_tokens(rng: jax.Array, input_ids: jax.Array, config: MaskingConfig,
     word_starts: [B, L], 1 at the first piece of each word; needed when whole_word_masking.
     segment_ids: [B, L], k on the tokens of a row's k-th example (each example a contiguous
       run), 0 on padding; each example gets its own count of targets. None: a row is one example.
+    rate: the masking rate, traced: a scalar (a step's rate, `stage_rate`), or each position's
+      example's rate ([B, L]; masked diffusion's t per example). None: `config.mask_prob`,
+      whose "round" counts come from an exact float64 table (google-research/bert's).
 
   Returns:
     dict with `input_ids` [B, L] int32 (corrupted), `masked_lm_positions` [B, P] int32 (ascending,
@@ -342,7 +389,8 @@ def mask_tokens(rng: jax.Array, input_ids: jax.Array, config: MaskingConfig,
   if input_ids.ndim == 1:  # One row (e.g. vmapped over rows): add and drop a batch axis.
     row_starts = None if word_starts is None else word_starts[None]
     row_segments = None if segment_ids is None else segment_ids[None]
-    out = mask_tokens(rng, input_ids[None], config, row_starts, row_segments)
+    row_rate = None if rate is None or jnp.ndim(rate) == 0 else jnp.asarray(rate)[None]
+    out = mask_tokens(rng, input_ids[None], config, row_starts, row_segments, row_rate)
     return {name: value[0] for name, value in out.items()}
   if input_ids.ndim != 2:
     raise ValueError(f"input_ids must be [B, L] (or [L]), got shape {input_ids.shape}")
@@ -360,7 +408,8 @@ def mask_tokens(rng: jax.Array, input_ids: jax.Array, config: MaskingConfig,
   examples = _Examples.of(segment_ids)
   # Each position holds its example's eligible count and targets ([B, 1]: whole rows).
   n_eligible = examples.total(eligible.astype(jnp.int32))
-  num_to_predict = jnp.asarray(_num_to_predict_table(length, config))[n_eligible]
+  num_to_predict = targets_per_example(jax.random.fold_in(rng, COUNT_STREAM), eligible,
+                                       n_eligible, examples, config, rate)
 
   if config.whole_word_masking:
     if word_starts is None:

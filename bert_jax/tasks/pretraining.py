@@ -19,8 +19,9 @@ import jax.numpy as jnp
 import numpy as np
 
 from bert_jax.models import flops
+from bert_jax.objectives import diffusion as diffusion_lib
 from bert_jax.objectives import losses
-from bert_jax.objectives.masking import MaskingConfig, mask_tokens
+from bert_jax.objectives.masking import MaskingConfig, mask_tokens, stage_rate
 from bert_jax.models.model import BertConfig, BertForPreTraining
 from bert_jax.weights.layout import pad_vocab
 from bert_jax.tasks.base import Batch, Scores, Task
@@ -38,6 +39,12 @@ class PretrainingTask(Task):
   # linearly to whole rows at step span_warmup_steps (0: off).
   span_warmup_steps: int = 0
   span_warmup_start: int = 0
+  # mmBERT's inverse masking schedule: (first step, rate) of each stage, the first at step 0;
+  # () keeps masking.mask_prob at every step.
+  rate_stages: tuple[tuple[int, float], ...] = ()
+  # The masked-diffusion schedule (objective "diffusion"), and the held-out NELBO's grid of t
+  # that every MLM-headed objective reports (`objectives/diffusion.py`; 0 points: none).
+  diffusion: diffusion_lib.DiffusionSettings = diffusion_lib.DiffusionSettings()
 
   name = "pretraining"
   loss_terms = (("mlm_loss_sum", "mlm_count"), ("nsp_loss_sum", "nsp_count"))
@@ -62,15 +69,23 @@ class PretrainingTask(Task):
     """Masks the batch (adds masked_lm_{positions,ids,weights}, corrupts input_ids), each
     example of a row on its own, then cuts rows into spans while the example-length warmup
     lasts (the spans change attention and positions, not what an example's targets are)."""
-    batch = _masked(batch, rng, self.masking, self.examples_per_row)
+    rate = None
+    if self.rate_stages:
+      starts, rates = zip(*self.rate_stages)
+      rate = stage_rate(step, starts, rates)
+    batch = _masked(batch, rng, self.masking, self.examples_per_row, rate)
     if self.span_warmup_steps:
       batch = cut_into_spans(batch, span_length(step, self.span_warmup_start,
                                                 self.span_warmup_steps, self.seq_len))
     return batch
 
   def prepare_eval(self, batch: Batch, rng: jax.Array) -> Batch:
-    """Masks each example at the evaluation rate, over whole rows (no spans)."""
-    return _masked(batch, rng, self.eval_masking or self.masking, self.examples_per_row)
+    """Masks each example at the evaluation rate, over whole rows (no spans); keeps the clean
+    rows and the key for the held-out bound."""
+    masked = _masked(batch, rng, self.eval_masking or self.masking, self.examples_per_row)
+    if not self.diffusion.eval_points:
+      return masked
+    return {**masked, "clean_input_ids": batch["input_ids"], "eval_key": rng}
 
   def loss_counts(self, batch: Batch) -> dict[str, jax.Array]:
     return {"mlm_count": jnp.sum(batch["masked_lm_weights"].astype(jnp.float32)),
@@ -97,8 +112,19 @@ class PretrainingTask(Task):
 
   def eval_outputs(self, params, batch: Batch) -> tuple[dict, dict]:
     sums = losses.pretraining_sums(self._forward(params, batch, None), batch)
+    if self.diffusion.eval_points:
+      sums.update(self.elbo(params, {**batch, "input_ids": batch["clean_input_ids"]},
+                            batch["eval_key"]))
     # Exact means need the sums only; the examples the evaluation covered (padding rows: 0).
     return {}, {**sums, "examples": self.examples(batch)}
+
+  def elbo(self, params, clean: Batch, key: jax.Array) -> dict[str, jax.Array]:
+    """The held-out NELBO's sums of uncorrupted rows (`diffusion.elbo_sums`), the MLM head read
+    at every position; the same grid and keys for every model."""
+    def forward(corrupted: Batch) -> jax.Array:
+      return self._forward(params, corrupted, None)["mlm_logits"]  # [B, L, V]
+    return diffusion_lib.elbo_sums(forward, clean, key, self.masking, self.diffusion.schedule,
+                                   self.diffusion.eval_points)
 
   def report(self, sums: dict[str, float]) -> dict[str, float]:
     # Targets per example: each example's own min(P, max(1, round(mask_prob x n))), on average.
@@ -108,8 +134,8 @@ class PretrainingTask(Task):
   def scores(self, outputs: dict[str, np.ndarray], sums: dict[str, float], data) -> Scores:
     del outputs, data
     # "examples": every example evaluated (MLM-only rows too: one each), not NSP's count.
-    return Scores(losses.means(sums), {"examples": sums["examples"],
-                                       "targets": sums["mlm_count"]})
+    return Scores({**losses.means(sums), **diffusion_lib.means(sums)},
+                  {"examples": sums["examples"], "targets": sums["mlm_count"]})
 
   def initial_params(self, pretrained: dict) -> dict:
     return pad_vocab(pretrained, self.model_config)  # Real rows in; the model's padding.
@@ -125,14 +151,15 @@ class PretrainingTask(Task):
                                           self.masking.max_predictions_per_seq)
 
 
-def _masked(batch: Batch, rng: jax.Array, masking: MaskingConfig, examples_per_row: int
-            ) -> Batch:
+def _masked(batch: Batch, rng: jax.Array, masking: MaskingConfig, examples_per_row: int,
+            rate: jax.Array | None = None) -> Batch:
   """Masks each example of a row (`segment_ids`) as the original masks one instance. A row of
   K = 1 (or a test's bare rows, without segment ids) is one example and padding: masked as a
   whole row, which draws the same targets with less work."""
   word_starts = batch["word_starts"] if masking.whole_word_masking else None
   segment_ids = batch.get("segment_ids") if examples_per_row > 1 else None
-  return {**batch, **mask_tokens(rng, batch["input_ids"], masking, word_starts, segment_ids)}
+  return {**batch, **mask_tokens(rng, batch["input_ids"], masking, word_starts, segment_ids,
+                                 rate)}
 
 
 def span_length(step: jax.Array, start: int, warmup_steps: int, seq_len: int) -> jax.Array:

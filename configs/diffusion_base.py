@@ -1,0 +1,22 @@
+"""Masked diffusion at base size: configs/modern_base.py's encoder and recipe (ModernBERT-base's
+architecture, StableAdamW, warmup-stable-decay) trained with objective "diffusion" (MDLM /
+LLaDA's continuous-time NELBO under the linear schedule, t ~ U(1e-3, 1) per example, stratified
+over the global batch). Every masked token is [MASK] and the loss covers every masked position,
+so the masking section's rate, 80/10/10 and P are not read.
+
+Run:
+  python launch/train.py --config=configs/diffusion_base.py --workdir=gs://bucket/diffusion_base \
+      --config.data.source=prepared --config.data.dataset_dir=gs://bucket/data
+"""
+
+import ml_collections
+
+from configs import modern_base
+
+
+def get_config() -> ml_collections.ConfigDict:
+  config = modern_base.get_config()
+  config.data.objective = "diffusion"
+  config.diffusion.schedule = "linear"
+  config.diffusion.eval_points = 8
+  return config
