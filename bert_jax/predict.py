@@ -16,6 +16,7 @@ from typing import Any, Sequence
 
 import flax.linen as nn
 import jax
+import jax.numpy as jnp
 import numpy as np
 
 from bert_jax import tasks
@@ -24,6 +25,7 @@ from bert_jax.training import evaluation
 from bert_jax.runtime import storage
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.vocab import Vocab
+from bert_jax.generation import diffusion as diffusion_sampler
 from bert_jax.models.model import BertConfig, BertModel, MaskedLMHead, gather_positions
 from bert_jax.tasks.embedding import EmbeddingSettings, EmbeddingTask, resolve_pooling
 from bert_jax.weights import sentence_transformers_dir as st_dir
@@ -87,20 +89,7 @@ def fill_mask(checkpoint: str | tuple[BertConfig, dict, Vocab], text: str,
   its MLM head and vocabulary), or its loaded (config, params, vocab)."""
   if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
     raise ValueError(f"top_k={top_k!r}: it must be an integer >= 1")
-  if isinstance(checkpoint, str):
-    from bert_jax import weights  # Imports HF/TF readers only when needed.
-
-    with warnings.catch_warnings():
-      # Of its heads it reads the MLM head (checked below); a missing NSP head is no news.
-      warnings.simplefilter("ignore", UserWarning)
-      config, params, vocab = weights.load_pretrained(checkpoint)
-    source = checkpoint
-  else:
-    (config, params, vocab), source = checkpoint, "the given params"
-  if vocab is None:
-    raise ValueError(f"{source} has no vocabulary to tokenize the text with")
-  if "mlm" not in params:
-    raise ValueError(f"{source} has no MLM head (an encoder-only checkpoint cannot fill masks)")
+  config, params, vocab, source = load_mlm(checkpoint)
   if MASK_TEXT not in text:
     raise ValueError(f"The text has no {MASK_TEXT}: {text!r}")
   candidates = proposable_ids(vocab, config)
@@ -133,11 +122,77 @@ def fill_mask(checkpoint: str | tuple[BertConfig, dict, Vocab], text: str,
   return results
 
 
+def load_mlm(checkpoint: str | tuple[BertConfig, dict, Vocab]
+             ) -> tuple[BertConfig, dict, Vocab, str]:
+  """(config, params, vocab, what to call it) of a checkpoint with an MLM head and a vocabulary
+  (fill-mask, generation): anything `weights.load_pretrained` reads, or its loaded triple."""
+  if isinstance(checkpoint, str):
+    from bert_jax import weights  # Imports HF/TF readers only when needed.
+
+    with warnings.catch_warnings():
+      # Of its heads it reads the MLM head (checked below); a missing NSP head is no news.
+      warnings.simplefilter("ignore", UserWarning)
+      config, params, vocab = weights.load_pretrained(checkpoint)
+    source = checkpoint
+  else:
+    (config, params, vocab), source = checkpoint, "the given params"
+  if vocab is None:
+    raise ValueError(f"{source} has no vocabulary to tokenize the text with")
+  if "mlm" not in params:
+    raise ValueError(f"{source} has no MLM head (an encoder-only checkpoint cannot fill masks "
+                     "or generate)")
+  return config, params, vocab, source
+
+
 def proposable_ids(vocab: Vocab, config: BertConfig) -> np.ndarray:
   """[N] int: the ids fill-mask may propose, the vocabulary's less its special tokens ([PAD],
   [UNK], [CLS], [SEP], [MASK]: none is an answer); N is the largest top_k."""
   ids = np.arange(min(vocab.size, config.vocab_size))
   return ids[~np.isin(ids, vocab.special_ids)]
+
+
+# ---------------------------------------------------------------------------- generate
+
+
+@functools.lru_cache(maxsize=4)
+def _mlm_everywhere(config: BertConfig):
+  """params, ids [B, T] -> the MLM head's logits at every position [B, T, V] (no padding)."""
+  model = _MaskedLM(config)
+
+  def apply(params, ids):
+    positions = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
+    return model.apply({"params": {k: params[k] for k in ("bert", "mlm")}}, ids,
+                       jnp.zeros_like(ids), jnp.ones_like(ids), positions)
+  return apply
+
+
+def generate(checkpoint: str | tuple[BertConfig, dict, Vocab], length: int,
+             settings: diffusion_sampler.SamplerSettings, prompt: str | None = None,
+             seed: int = 0, num_samples: int = 1) -> list[dict[str, Any]]:
+  """`num_samples` texts of `length` pieces after `prompt` ([CLS] prompt [MASK] x length
+  [SEP], the layout of the FULL-SENTENCES rows a diffusion run trains on), by the masked-
+  diffusion sampler (`generation/diffusion.py`) with key(seed). Each: {"prompt", "text",
+  "ids"} (the generated pieces)."""
+  if isinstance(length, bool) or not isinstance(length, int) or length < 1:
+    raise ValueError(f"length={length!r}: it must be an integer >= 1")
+  if prompt is not None and not prompt.strip():
+    raise ValueError("The prompt is empty (leave it out to generate from all-[MASK])")
+  config, params, vocab, source = load_mlm(checkpoint)
+  prompt_ids = vocab.encode(prompt) if prompt else []
+  ids = [vocab.cls_id, *prompt_ids, *[vocab.mask_id] * length, vocab.sep_id]
+  if len(ids) > config.max_position_embeddings:
+    raise ValueError(f"length={length} with the prompt's {len(prompt_ids)} pieces and [CLS], "
+                     f"[SEP] is {len(ids)} positions; {source} has "
+                     f"{config.max_position_embeddings} (max_position_embeddings)")
+  batch = jnp.asarray(np.tile(np.asarray(ids, np.int32), (num_samples, 1)))
+  never = sorted(set(vocab.special_ids) | set(range(vocab.size, config.vocab_size)))
+  out = np.asarray(diffusion_sampler.generate(
+      params, batch, jax.random.key(seed), apply=_mlm_everywhere(config),
+      start=1 + len(prompt_ids), length=length, settings=settings, mask_id=vocab.mask_id,
+      never=tuple(never)))
+  canvas = slice(1 + len(prompt_ids), 1 + len(prompt_ids) + length)
+  return [{"prompt": prompt, "text": vocab.decode(row[canvas].tolist()),
+           "ids": row[canvas].tolist()} for row in out]
 
 
 # ----------------------------------------------------------------------------- fine-tuned

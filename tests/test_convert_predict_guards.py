@@ -408,6 +408,7 @@ def test_predict_launcher_notes_truncation_and_refuses_bad_flags(tmp_path):
   text = " ".join(["very"] * 20 + ["good", "film"])  # 22 pieces + [CLS] + [SEP].
   fill = ["predict.py", "--mode=fill_mask", f"--checkpoint={hf}"]
   classify = ["predict.py", "--mode=classify", f"--checkpoint={workdir}"]
+  generate = ["predict.py", "--mode=generate", f"--checkpoint={hf}"]
   results = _launch_all({
       "long_text": [*classify, f"--text={text}"],
       "top_k_too_large": [*fill, "--text=the [MASK] sat", "--top_k=1000"],
@@ -418,6 +419,14 @@ def test_predict_launcher_notes_truncation_and_refuses_bad_flags(tmp_path):
       "batch_size_zero": [*classify, "--text=good", "--batch_size=0"],
       "unknown_mode": ["predict.py", "--mode=summarize", f"--checkpoint={hf}", "--text=x"],
       "empty_file": [*classify, f"--input_file={empty}"],
+      # Masked diffusion's sampler (#41): any checkpoint with an MLM head.
+      "generate": [*generate, "--length=5", "--steps=3", "--prompt=the cat", "--seed=3",
+                   "--num_samples=2", "--top_k=4", "--top_p=0.9"],
+      "generate_steps_zero": [*generate, "--steps=0"],
+      "generate_too_long": [*generate, f"--length={TINY.max_position_embeddings}"],
+      "generate_blank_prompt": [*generate, "--prompt=  "],
+      "generate_no_mlm_head": ["predict.py", "--mode=generate", f"--checkpoint={workdir}"],
+      "generate_with_text": [*generate, "--text=the cat"],
   })
   long_text = results["long_text"]
   assert long_text.returncode == 0, long_text.stderr[-3000:]
@@ -433,6 +442,18 @@ def test_predict_launcher_notes_truncation_and_refuses_bad_flags(tmp_path):
   assert "--batch_size=0" in _error_line(results["batch_size_zero"], 2)
   assert "summarize" in _error_line(results["unknown_mode"], 2)
   assert f"{empty} holds no records" in _error_line(results["empty_file"], 1)
+  generated = results["generate"]
+  assert generated.returncode == 0, generated.stderr[-3000:]
+  samples = [json.loads(line) for line in generated.stdout.strip().splitlines()]
+  assert [s["prompt"] for s in samples] == ["the cat"] * 2
+  assert all(len(s["ids"]) == 5 and not set(s["ids"]) & set(range(len(SPECIALS)))
+             for s in samples)
+  assert "--steps=0" in _error_line(results["generate_steps_zero"], 2)
+  assert (f"[SEP] is {TINY.max_position_embeddings + 2} positions" in
+          _error_line(results["generate_too_long"], 1))
+  assert "--prompt is empty" in _error_line(results["generate_blank_prompt"], 2)
+  assert "has no MLM head" in _error_line(results["generate_no_mlm_head"], 1)
+  assert "--text: not used by --mode=generate" in _error_line(results["generate_with_text"], 2)
   for name, result in results.items():
     if result.returncode == 2:  # A usage error is one line: no usage page.
       assert len(result.stderr.strip().splitlines()) == 1, (name, result.stderr)

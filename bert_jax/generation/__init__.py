@@ -1,0 +1,1 @@
+"""Generation from encoders: the masked-diffusion sampler (`diffusion.py`)."""
