@@ -352,7 +352,7 @@ def memorised():
   rng = np.random.default_rng(0)
   sequences = np.concatenate([np.full((4, 1), CLS), rng.integers(5, VOCAB, (4, 10)),
                               np.full((4, 1), SEP)], axis=1).astype(np.int32)
-  config, params = _train_on_repeated_sequences(sequences, 500)
+  config, params = _train_on_repeated_sequences(sequences, 800)
   model = BertForPreTraining(config)
 
   def apply(params, ids):
@@ -377,9 +377,9 @@ def test_a_memorised_corpus_is_generated_from_all_masks(memorised):
   # commit a binomial number each, drawn independently of one another given the rest: with the
   # linear schedule N^2 / (2 S) pairs of a sample land in one step in expectation (0.5 at S =
   # 100, N = 10), and a pair drawn early, from little context, may mix two sequences (the
-  # module's docstring): 14-15 of 16 measured over 4 seeds, 16 of 16 for the confidence rule.
+  # module's docstring): 13-15 of 16 measured over 4 seeds, 16 of 16 for the confidence rule.
   for kw, least in ((dict(rule="confidence"), 15), (dict(rule="confidence", block_size=5), 15),
-                    (dict(steps=100), 13)):
+                    (dict(steps=100), 12)):
     out = run(0, **kw)
     hits = sum(tuple(row) in known for row in out.tolist())
     assert hits >= least, (kw, hits)

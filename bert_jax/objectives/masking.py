@@ -52,7 +52,7 @@ class MaskingConfig:
   whole_word_masking: bool = False
   # How an example's rate r becomes its targets: "round", BERT's min(P, max(1, round(r x n)))
   # of its n eligible tokens; "bernoulli", each eligible token on its own with probability r
-  # (masked diffusion: a Binomial(n, r) count, capped at P).
+  # (masked diffusion; a row's first P kept).
   count_rule: str = "round"
 
   def __post_init__(self):
@@ -102,6 +102,9 @@ class MaskingConfig:
                       f"{self.whole_word_masking!r}")
     if self.count_rule not in COUNT_RULES:
       raise ValueError(f"MaskingConfig.count_rule={self.count_rule!r}: use one of {COUNT_RULES}")
+    if self.count_rule == "bernoulli" and self.whole_word_masking:
+      raise ValueError("MaskingConfig: count_rule 'bernoulli' masks tokens one by one; "
+                       "whole_word_masking needs 'round'")
     # Normalised values (plain Python types) keep equal configs equal and hashable.
     for name, value in (("vocab_size", vocab_size), ("mask_token_id", mask_token_id),
                         ("special_token_ids", special), ("mask_prob", mask_prob),
@@ -141,29 +144,41 @@ def _num_to_predict_table(length: int, config: MaskingConfig) -> np.ndarray:
                      for n in range(length + 1)], np.int32)
 
 
-def targets_per_example(key: jax.Array, eligible: jax.Array, n_eligible: jax.Array,
-                        examples: "_Examples", config: MaskingConfig,
-                        rate: jax.Array | None) -> jax.Array:
-  """The one path from a masking rate to each example's number of targets (the same shape as
-  `n_eligible`: [B, L] per position, [B, 1] for whole rows), whatever the rate's source: BERT's
-  fixed `mask_prob`, a rate scheduled by step (mmBERT's 30% -> 15% -> 5%) or a rate per example
-  (masked diffusion's t).
+def _selected(select_key: jax.Array, hit_key: jax.Array, eligible: jax.Array,
+              examples: "_Examples", config: MaskingConfig, rate: jax.Array | None,
+              word_starts: jax.Array | None, segment_ids: jax.Array | None) -> jax.Array:
+  """The one path from a masking rate to the selected positions [B, L] bool, whatever the
+  rate's source: BERT's fixed `mask_prob`, a rate scheduled by step (mmBERT's 30% -> 15% ->
+  5%) or a rate per position's example (masked diffusion's t; 0 on what must stay, a prompt).
 
-  "round": min(P, max(1, round(r n))) for n >= 1 eligible tokens (0 for none); the fixed rate
-  reads the float64 table of the original, a traced rate rounds in float32 (half to even).
-  "bernoulli": the number of the example's eligible tokens whose uniform draw falls below r,
-  i.e. Binomial(n, r); choosing that many uniformly (`_select_tokens`) then selects each token
-  independently with probability r, as MDLM / LLaDA mask."""
-  if rate is None and config.count_rule == "round":
-    return jnp.asarray(_num_to_predict_table(eligible.shape[1], config))[n_eligible]
-  rate = jnp.float32(config.mask_prob) if rate is None else jnp.asarray(rate, jnp.float32)
-  if config.count_rule == "round":
-    count = jnp.maximum(1.0, jnp.round(n_eligible.astype(jnp.float32) * rate)).astype(jnp.int32)
-    count = jnp.where(n_eligible > 0, count, 0)
+  "round": each example's min(P, max(1, round(r n))) of its n eligible tokens (0 for none),
+  chosen uniformly (or as whole words); the fixed rate reads the float64 table of the
+  original, a traced rate rounds in float32 (half to even). "bernoulli": each eligible token
+  on its own, when its uniform draw falls below its rate (MDLM / LLaDA), the first P of a row
+  kept."""
+  if config.count_rule == "bernoulli":
+    rate = jnp.float32(config.mask_prob) if rate is None else jnp.asarray(rate, jnp.float32)
+    hits = eligible & (jax.random.uniform(hit_key, eligible.shape, jnp.float32) < rate)
+    return hits & (jnp.cumsum(hits, axis=1) <= config.max_predictions_per_seq)
+  # Each position holds its example's eligible count and targets ([B, 1]: whole rows).
+  n_eligible = examples.total(eligible.astype(jnp.int32))
+  if rate is None:
+    num_to_predict = jnp.asarray(_num_to_predict_table(eligible.shape[1], config))[n_eligible]
   else:
-    hits = eligible & (jax.random.uniform(key, eligible.shape, jnp.float32) < rate)  # [B, L]
-    count = examples.total(hits.astype(jnp.int32))
-  return jnp.minimum(count, config.max_predictions_per_seq).astype(jnp.int32)
+    count = jnp.maximum(1.0, jnp.round(n_eligible.astype(jnp.float32)
+                                       * jnp.asarray(rate, jnp.float32))).astype(jnp.int32)
+    num_to_predict = jnp.minimum(jnp.where(n_eligible > 0, count, 0),
+                                 config.max_predictions_per_seq)
+  if not config.whole_word_masking:
+    return _select_tokens(select_key, eligible, num_to_predict, examples)
+  if word_starts is None:
+    raise ValueError("MaskingConfig.whole_word_masking=True needs word_starts [B, L] "
+                     "(1 at the first piece of each word); got None")
+  if word_starts.shape != eligible.shape:
+    raise ValueError(f"word_starts shape {word_starts.shape} != input_ids shape "
+                     f"{eligible.shape}")
+  return _select_whole_words(select_key, eligible, word_starts, num_to_predict, segment_ids,
+                             config.max_predictions_per_seq)
 
 
 def stage_rate(step: jax.Array, stage_starts: tuple[int, ...],
@@ -406,22 +421,8 @@ def mask_tokens(rng: jax.Array, input_ids: jax.Array, config: MaskingConfig,
   eligible = ~jnp.isin(input_ids, special)  # [B, L]; padding is one of the specials, [UNK] not
   segment_ids = None if segment_ids is None else segment_ids.astype(jnp.int32)
   examples = _Examples.of(segment_ids)
-  # Each position holds its example's eligible count and targets ([B, 1]: whole rows).
-  n_eligible = examples.total(eligible.astype(jnp.int32))
-  num_to_predict = targets_per_example(jax.random.fold_in(rng, COUNT_STREAM), eligible,
-                                       n_eligible, examples, config, rate)
-
-  if config.whole_word_masking:
-    if word_starts is None:
-      raise ValueError("MaskingConfig.whole_word_masking=True needs word_starts [B, L] "
-                       "(1 at the first piece of each word); got None")
-    if word_starts.shape != input_ids.shape:
-      raise ValueError(f"word_starts shape {word_starts.shape} != input_ids shape "
-                       f"{input_ids.shape}")
-    selected = _select_whole_words(select_key, eligible, word_starts, num_to_predict,
-                                    segment_ids, num_slots)
-  else:
-    selected = _select_tokens(select_key, eligible, num_to_predict, examples)  # [B, L]
+  selected = _selected(select_key, jax.random.fold_in(rng, COUNT_STREAM), eligible, examples,
+                       config, rate, word_starts, segment_ids)  # [B, L]
 
   # Slot j of a row holds its j-th selected position (ascending, as the original sorts its
   # masked_lms by index; a packed row's examples one after another); unused slots keep the
