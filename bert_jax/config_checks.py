@@ -426,6 +426,8 @@ FINETUNING_RULES: dict[str, Check] = {
     "embedding.mask_false_negatives": boolean(),
     "embedding.matryoshka_dims": widths(),
     "embedding.pack": boolean(),
+    "diffusion.schedule": one_of(diffusion.SCHEDULES),
+    "diffusion.eval_points": integer(1, high=1024),
     "train.freeze_encoder": boolean(),
     **_TRAIN_RULES,
     "train.num_train_steps": integer(0, "0: num_train_epochs over the training set"),

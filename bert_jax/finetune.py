@@ -67,7 +67,8 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   train_records, validation_records = _records(config, "train"), _records(config, "validation")
   labels = task_class.labels_from(train_records, config)
   task = task_class(encoder.config,
-                    task_class.settings_class.from_config(config, labels, encoder.config))
+                    task_class.settings_class.from_config(config, labels, encoder.config,
+                                                          encoder.vocab))
   check_best_metric(config.train.best_metric, task)
   initial = _with_task_head(encoder, task)
   train_data = task.encode(train_records, encoder.vocab, is_training=True)
@@ -216,8 +217,9 @@ def _log_setup(config, task: tasks.FinetuneTask, encoder: Encoder,
   sizes = {k: num_params({k: v}, c)  # Real vocabulary rows only.
            for k, v in shapes["params"].items()}
   frozen = sum(sizes[k] for k in task.frozen)
-  console(f"{'Frozen encoder: training the head only' if frozen else 'Full fine-tuning'} "
-          f"({sum(sizes.values()) - frozen:,} trained parameters, {frozen:,} frozen)")
+  console(f"{'Frozen encoder: training the head only' if tasks.ENCODER in task.frozen else 'Full fine-tuning'} "
+          f"({sum(sizes.values()) - frozen:,} trained parameters, {frozen:,} frozen"
+          + (f": {', '.join(task.frozen)})" if frozen else ")"))
 
 
 def _summary(run: trainer.Run, result: dict, train_data: finetune_data.TaskData,

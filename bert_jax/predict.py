@@ -27,6 +27,7 @@ from bert_jax.data import finetune as finetune_data
 from bert_jax.data.vocab import Vocab
 from bert_jax.generation import diffusion as diffusion_sampler
 from bert_jax.models.model import BertConfig, BertModel, MaskedLMHead, gather_positions
+from bert_jax.tasks import diffusion_sft
 from bert_jax.tasks.embedding import EmbeddingSettings, EmbeddingTask, resolve_pooling
 from bert_jax.weights import sentence_transformers_dir as st_dir
 
@@ -154,43 +155,67 @@ def proposable_ids(vocab: Vocab, config: BertConfig) -> np.ndarray:
 # ---------------------------------------------------------------------------- generate
 
 
-@functools.lru_cache(maxsize=4)
-def _mlm_everywhere(config: BertConfig):
-  """params, ids [B, T] -> the MLM head's logits at every position [B, T, V] (no padding)."""
+@functools.lru_cache(maxsize=8)
+def _mlm_everywhere(config: BertConfig, response_from: int = 0):
+  """params, ids [B, T] -> the MLM head's logits at every position [B, T, V] (no padding);
+  token type 1 from position `response_from` on (an SFT row's response; 0: all type 0)."""
   model = _MaskedLM(config)
 
   def apply(params, ids):
     positions = jnp.broadcast_to(jnp.arange(ids.shape[1], dtype=jnp.int32), ids.shape)
-    return model.apply({"params": {k: params[k] for k in ("bert", "mlm")}}, ids,
-                       jnp.zeros_like(ids), jnp.ones_like(ids), positions)
+    types = (positions >= response_from).astype(jnp.int32) if response_from else (
+        jnp.zeros_like(ids))
+    return model.apply({"params": {k: params[k] for k in ("bert", "mlm")}}, ids, types,
+                       jnp.ones_like(ids), positions)
   return apply
+
+
+def conditional(checkpoint: str | tuple[BertConfig, dict, Vocab]) -> bool:
+  """Whether `checkpoint` is a diffusion_sft fine-tune (generation then follows its rows'
+  layout, [CLS] prompt [SEP] response [SEP])."""
+  if not isinstance(checkpoint, str):
+    return False
+  step_dir = checkpointing.find_step_dir(checkpoint)
+  if step_dir is None:
+    return False
+  saved_task = checkpointing.read_meta(step_dir).get("task")
+  return isinstance(saved_task, dict) and saved_task.get("name") == tasks.DiffusionSftTask.name
 
 
 def generate(checkpoint: str | tuple[BertConfig, dict, Vocab], length: int,
              settings: diffusion_sampler.SamplerSettings, prompt: str | None = None,
              seed: int = 0, num_samples: int = 1) -> list[dict[str, Any]]:
-  """`num_samples` texts of `length` pieces after `prompt` ([CLS] prompt [MASK] x length
-  [SEP], the layout of the FULL-SENTENCES rows a diffusion run trains on), by the masked-
-  diffusion sampler (`generation/diffusion.py`) with key(seed). Each: {"prompt", "text",
-  "ids"} (the generated pieces)."""
+  """`num_samples` texts of `length` pieces after `prompt` by the masked-diffusion sampler
+  (`generation/diffusion.py`) with key(seed). The canvas follows the rows the checkpoint was
+  trained on: [CLS] prompt [MASK] x length [SEP] (a pretraining run's FULL-SENTENCES rows), or
+  for a diffusion_sft fine-tune [CLS] prompt [SEP] [MASK] x length [SEP] (the prompt is then
+  required). Each: {"prompt", "text", "ids"} (the generated pieces)."""
   if isinstance(length, bool) or not isinstance(length, int) or length < 1:
     raise ValueError(f"length={length!r}: it must be an integer >= 1")
   if prompt is not None and not prompt.strip():
     raise ValueError("The prompt is empty (leave it out to generate from all-[MASK])")
   config, params, vocab, source = load_mlm(checkpoint)
   prompt_ids = vocab.encode(prompt) if prompt else []
-  ids = [vocab.cls_id, *prompt_ids, *[vocab.mask_id] * length, vocab.sep_id]
+  if conditional(checkpoint):
+    if not prompt_ids:
+      raise ValueError(f"{source} is a diffusion_sft fine-tune: it generates a response to "
+                       "--prompt, give one")
+    ids, _, start = diffusion_sft.layout(vocab, prompt_ids, length)
+    apply = _mlm_everywhere(config, start)
+  else:
+    ids, start = [vocab.cls_id, *prompt_ids, *[vocab.mask_id] * length, vocab.sep_id], (
+        1 + len(prompt_ids))
+    apply = _mlm_everywhere(config)
   if len(ids) > config.max_position_embeddings:
-    raise ValueError(f"length={length} with the prompt's {len(prompt_ids)} pieces and [CLS], "
-                     f"[SEP] is {len(ids)} positions; {source} has "
+    raise ValueError(f"length={length} with the prompt's {len(prompt_ids)} pieces and the "
+                     f"special tokens is {len(ids)} positions; {source} has "
                      f"{config.max_position_embeddings} (max_position_embeddings)")
   batch = jnp.asarray(np.tile(np.asarray(ids, np.int32), (num_samples, 1)))
   never = sorted(set(vocab.special_ids) | set(range(vocab.size, config.vocab_size)))
   out = np.asarray(diffusion_sampler.generate(
-      params, batch, jax.random.key(seed), apply=_mlm_everywhere(config),
-      start=1 + len(prompt_ids), length=length, settings=settings, mask_id=vocab.mask_id,
-      never=tuple(never)))
-  canvas = slice(1 + len(prompt_ids), 1 + len(prompt_ids) + length)
+      params, batch, jax.random.key(seed), apply=apply, start=start, length=length,
+      settings=settings, mask_id=vocab.mask_id, never=tuple(never)))
+  canvas = slice(start, start + length)
   return [{"prompt": prompt, "text": vocab.decode(row[canvas].tolist()),
            "ids": row[canvas].tolist()} for row in out]
 

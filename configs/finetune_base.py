@@ -22,8 +22,8 @@ def get_config() -> ml_collections.ConfigDict:
   config = ml_collections.ConfigDict()
   config.seed = pretraining.seed  # Root seed: head init, data order and dropout derive from it.
   config.task = "classification"  # A fine-tuning task: "classification" (or regression),
-  #                                 "tagging", "qa", "embedding" (bert_jax/tasks/,
-  #                                 tasks.FINETUNE_TASKS).
+  #                                 "tagging", "qa", "embedding", "diffusion_sft"
+  #                                 (bert_jax/tasks/, tasks.FINETUNE_TASKS).
   config.init_from = pretraining.init_from  # Pretrained encoder; "" = trained from scratch.
   config.vocab = ""  # Vocabulary for a from-scratch encoder (or a checkpoint without one).
 
@@ -90,6 +90,14 @@ def get_config() -> ml_collections.ConfigDict:
   # its own segment, best fit decreasing), not one row of max_seq_length each. The same loss and
   # gradient, fewer padding slots. Evaluation and prediction read texts alone (prediction packs).
   config.embedding.pack = False
+
+  # ---------------------------------------------------------------- conditional diffusion
+  # Task "diffusion_sft" (bert_jax/tasks/diffusion_sft.py): records {"prompt", "response"}, the
+  # response masked at a time t per example (the prompt never), the loss its NELBO per piece.
+  config.diffusion = ml_collections.ConfigDict()
+  config.diffusion.schedule = pretraining.diffusion.schedule  # "linear" or "loglinear" (base.py).
+  # Points of the fixed grid of t the validation bound (elbo_nats_per_token) is taken over.
+  config.diffusion.eval_points = pretraining.diffusion.eval_points
 
   # ---------------------------------------------------------------- train
   # bert_adamw and the "bert" schedule, as run_classifier.py / run_squad.py.

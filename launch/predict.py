@@ -23,7 +23,8 @@ its --top_k documents by exact search: {"query", "results": [{"id", "score", "te
 generate samples --num_samples texts of --length pieces after --prompt (or from all-[MASK]) with
 the masked-diffusion sampler (bert_jax/generation/diffusion.py) from any checkpoint with an MLM
 head, best one trained with objective "diffusion", and prints {"prompt", "text", "ids"} per text;
-the same --seed gives the same texts.
+the same --seed gives the same texts. A diffusion_sft fine-tune (configs/finetune_diffusion_sft.py)
+generates the response to --prompt, which it then needs.
 """
 
 import json
@@ -35,8 +36,8 @@ from bert_jax import tasks
 from bert_jax.runtime import cli
 
 # fill_mask, then one mode per fine-tuning task of the registry (classify, tag, qa, ...).
-_MODE = flags.DEFINE_enum("mode", None, ["fill_mask", *tasks.predict_modes(), "search",
-                                          "generate"], "What to do.")
+_MODE = flags.DEFINE_enum("mode", None, ["fill_mask", *tasks.predict_modes(), "search"],
+                          "What to do.")
 _CHECKPOINT = flags.DEFINE_string("checkpoint", None, "Pretrained checkpoint (fill_mask), "
                                   "fine-tuning workdir (classify, tag, qa), or embedding model "
                                   "(embed, search: an embedding run, a sentence-transformers or "

@@ -10,11 +10,12 @@ from bert_jax import config_checks, train
 from bert_jax.models import model
 from bert_jax.training import sharding
 from bert_jax.models.model import BertConfig
-from configs import (base, finetune_base, finetune_classification, finetune_qa, finetune_tagging,
-                     large, tiny)
+from configs import (base, finetune_base, finetune_classification, finetune_diffusion_sft,
+                     finetune_qa, finetune_tagging, large, tiny)
 
 PRETRAINING_CONFIGS = (base, tiny, large)
-FINETUNING_CONFIGS = (finetune_base, finetune_classification, finetune_qa, finetune_tagging)
+FINETUNING_CONFIGS = (finetune_base, finetune_classification, finetune_qa, finetune_tagging,
+                      finetune_diffusion_sft)
 
 
 def _set(config, path: str, value) -> None:
@@ -181,6 +182,7 @@ FINETUNING_BAD = _SHARED_BAD + [
     ("embedding.symmetric", None), ("embedding.mask_false_negatives", None),
     ("embedding.matryoshka_dims", (64, 64)), ("embedding.matryoshka_dims", (0,)),
     ("embedding.pack", None),
+    ("diffusion.schedule", "cosine"), ("diffusion.eval_points", 0),
 ]
 
 

@@ -104,10 +104,14 @@ def corruption(masking: MaskingConfig, seq_len: int) -> MaskingConfig:
 
 
 def corrupt(key: jax.Array, batch: dict, masking: MaskingConfig, times: jax.Array,
-            schedule: str) -> dict:
+            schedule: str, maskable: jax.Array | None = None) -> dict:
   """Masks `batch` at each position's time ([B, L], or a scalar): adds the MLM fields (P = L
-  slots) and `masked_lm_times` [B, P] f32 (each target's t; 1 in unused slots)."""
+  slots) and `masked_lm_times` [B, P] f32 (each target's t; 1 in unused slots). `maskable`
+  [B, L] (0/1): where masking may happen (a conditional row's response); None: every text
+  token."""
   rate = masked_fraction(times, schedule)
+  if maskable is not None:
+    rate = rate * maskable.astype(jnp.float32)
   segment_ids = batch.get("segment_ids")
   masked = mask_tokens(key, batch["input_ids"], masking, None, segment_ids,
                        jnp.broadcast_to(rate, batch["input_ids"].shape))
@@ -163,23 +167,30 @@ def grid_times(points: int) -> np.ndarray:
 
 
 def elbo_sums(forward, batch: dict, key: jax.Array, masking: MaskingConfig, schedule: str,
-              points: int) -> dict[str, jax.Array]:
+              points: int, maskable: jax.Array | None = None) -> dict[str, jax.Array]:
   """The held-out bound's sums: `elbo_nats_sum` (the midpoint-rule NELBO over `grid_times`,
-  each point's masks from fold_in(key, j): the same for every model) and `elbo_tokens` (text
-  tokens). `forward(corrupted batch) -> [B, L, V]` MLM logits at the P = L slots."""
+  each point's masks from fold_in(key, j): the same for every model), `elbo_tokens` (the text
+  tokens it covers: `maskable` ones, a conditional row's response, when given), and
+  `elbo_correct_sum` / `elbo_targets` (argmax hits over the grid's masked tokens).
+  `forward(corrupted batch) -> [B, L, V]` MLM logits at the P = L slots."""
   policy = corruption(masking, batch["input_ids"].shape[1])
 
-  def point(total, j):
+  def point(totals, j):
     t = jnp.asarray(grid_times(points))[j]
-    corrupted = corrupt(jax.random.fold_in(key, j), batch, policy, t, schedule)
+    corrupted = corrupt(jax.random.fold_in(key, j), batch, policy, t, schedule, maskable)
     sums = diffusion_sums(forward(corrupted), corrupted, schedule, masking.special_token_ids)
-    return total + sums["diffusion_loss_sum"] / points, None
+    return (totals[0] + sums["diffusion_loss_sum"] / points,
+            totals[1] + sums["mlm_correct_sum"], totals[2] + sums["mlm_count"]), None
 
-  total, _ = jax.lax.scan(point, jnp.float32(0.0), jnp.arange(points))
+  zero = jnp.float32(0.0)
+  (total, correct, targets), _ = jax.lax.scan(point, (zero, zero, zero), jnp.arange(points))
   tokens = text_tokens(batch["input_ids"], masking)  # [B, L]
+  if maskable is not None:
+    tokens = tokens * maskable.astype(jnp.float32)
   if "example_weight" in batch:
     tokens = tokens * batch["example_weight"][:, None]
-  return {"elbo_nats_sum": total, "elbo_tokens": jnp.sum(tokens)}
+  return {"elbo_nats_sum": total, "elbo_tokens": jnp.sum(tokens), "elbo_correct_sum": correct,
+          "elbo_targets": targets}
 
 
 def means(sums: dict) -> dict[str, float]:

@@ -7,6 +7,7 @@ branches on a task's name. A task defined elsewhere (a user's module, a test) jo
 
 from bert_jax.tasks.base import Scores, Task
 from bert_jax.tasks.classification import ClassificationTask
+from bert_jax.tasks.diffusion_sft import DiffusionSftTask
 from bert_jax.tasks.embedding import EmbeddingTask
 from bert_jax.tasks.finetuning import ENCODER, HEAD_KINDS, FinetuneSettings, FinetuneTask
 from bert_jax.tasks.pretraining import PretrainingTask
@@ -15,7 +16,8 @@ from bert_jax.tasks.rtd import RtdTask
 from bert_jax.tasks.tagging import TaggingTask
 
 FINETUNE_TASKS: dict[str, type[FinetuneTask]] = {
-    task.name: task for task in (ClassificationTask, TaggingTask, QATask, EmbeddingTask)}
+    task.name: task for task in (ClassificationTask, TaggingTask, QATask, EmbeddingTask,
+                                 DiffusionSftTask)}
 
 
 def register(task: type[FinetuneTask]) -> type[FinetuneTask]:
@@ -40,7 +42,8 @@ def predict_modes() -> dict[str, type[FinetuneTask]]:
   return {task.predict_mode: task for task in FINETUNE_TASKS.values()}
 
 
-__all__ = ["ENCODER", "FINETUNE_TASKS", "HEAD_KINDS", "ClassificationTask", "EmbeddingTask",
+__all__ = ["ENCODER", "FINETUNE_TASKS", "HEAD_KINDS", "ClassificationTask", "DiffusionSftTask",
+           "EmbeddingTask",
            "FinetuneSettings",
            "FinetuneTask", "PretrainingTask", "QATask", "RtdTask", "Scores", "TaggingTask", "Task",
            "finetune_task", "predict_modes", "register"]

@@ -145,8 +145,9 @@ class EmbeddingSettings(FinetuneSettings):
             "matryoshka_dims": tuple(int(d) for d in e.matryoshka_dims), "pack": e.pack}
 
   @classmethod
-  def from_config(cls, config, labels: Sequence[str], model_config: BertConfig) -> Self:
-    settings = super().from_config(config, labels, model_config)
+  def from_config(cls, config, labels: Sequence[str], model_config: BertConfig,
+                  vocab=None) -> Self:
+    settings = super().from_config(config, labels, model_config, vocab)
     widest = max(settings.matryoshka_dims, default=0)
     if widest > model_config.hidden_size:
       raise ValueError(f"config.embedding.matryoshka_dims={list(settings.matryoshka_dims)} has "

@@ -74,12 +74,19 @@ class FinetuneSettings:
             "freeze_encoder": bool(config.train.freeze_encoder)}
 
   @classmethod
-  def from_config(cls, config, labels: Sequence[str], model_config: BertConfig) -> Self:
-    """The settings of a run of `config` on an encoder of `model_config`."""
+  def vocab_values(cls, vocab: Vocab | None) -> dict[str, Any]:
+    """The fields a subclass takes from the run's vocabulary (its special ids); none here."""
+    del vocab
+    return {}
+
+  @classmethod
+  def from_config(cls, config, labels: Sequence[str], model_config: BertConfig,
+                  vocab: Vocab | None = None) -> Self:
+    """The settings of a run of `config` on an encoder of `model_config` and `vocab`."""
     head = resolve_head(config.head.kind, model_config)
     dropout = config.head.classifier_dropout if head == "modernbert" else config.head.dropout_prob
     return cls(labels=tuple(labels), head=head, head_dropout_prob=dropout,
-               **cls.config_values(config))
+               **cls.config_values(config), **cls.vocab_values(vocab))
 
   @classmethod
   def from_meta(cls, meta: dict[str, Any]) -> Self:
@@ -161,6 +168,9 @@ class FinetuneTask(Task):
   hf_task: ClassVar[str] = ""
   # config.json's id2label names of a task without labels (QA: its two outputs).
   hf_labels: ClassVar[tuple[str, ...]] = ()
+  # Whether the params are `BertForPreTraining`'s (bert, mlm, nsp: an MLM task such as
+  # diffusion_sft), exported with those heads as a pretraining checkpoint is.
+  exports_pretraining_heads: ClassVar[bool] = False
 
   @property
   def hf_architecture(self) -> str:
