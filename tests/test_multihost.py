@@ -14,6 +14,7 @@ import time
 import pytest
 
 from bert_jax import train
+from bert_jax.data import builtin, packing, pipeline
 from configs import tiny
 from test_train_e2e import ROOT, TINY, _checkpoint_steps, _launch, _train_losses
 from tests.suite_flags import xla_flags
@@ -132,24 +133,41 @@ def test_a_dead_peer_stops_the_job_with_an_error_in_bounded_time(reference, tmp_
   print(f"process 0 stopped {elapsed:.1f} s after its peer was killed")
 
 
-def test_rtd_gives_one_process_of_8_devices_losses_on_two_of_4(reference, tmp_path):
-  """Replaced-token detection (both encoders, GDES, the samples' per-row seeds) on 2 processes
-  x 4 devices logs the losses and discriminator metrics of 1 process x 8 devices."""
+# Objectives whose step draws more than the masks: (flags, metrics compared).
+OBJECTIVES = {
+    # Replaced-token detection: both encoders, GDES, the samples' per-row seeds.
+    "rtd": (("--config.data.objective=rtd_nsp", "--config.rtd.embedding_sharing=gdes",
+             "--config.rtd.generator_hidden_fraction=0.5"),
+            ("loss", "mlm_accuracy", "disc_accuracy", "disc_auc", "replaced_fraction")),
+    # Masked diffusion: a time per example, stratified over the global batch.
+    "diffusion": (("--config.data.objective=diffusion",),
+                  ("loss", "mlm_accuracy", "masked_nll")),
+}
+
+
+@pytest.mark.parametrize("objective", sorted(OBJECTIVES))
+def test_objective_gives_one_process_of_8_devices_losses_on_two_of_4(reference, tmp_path,
+                                                                     objective):
+  """An objective on 2 processes x 4 devices logs the losses and metrics of 1 process x 8
+  devices."""
   _, dataset_dir = reference
-  rtd = ("--config.data.objective=rtd_nsp", "--config.rtd.embedding_sharing=gdes",
-         "--config.rtd.generator_hidden_fraction=0.5")
+  flags, keys = OBJECTIVES[objective]
   one, two = str(tmp_path / "one"), str(tmp_path / "two")
-  processes = _start_processes(two, dataset_dir, *rtd, steps=3)
-  # 1 x 8: this process (8 devices), while the two processes start; the launch's flags as
-  # config overrides.
+  # 1 x 8: this process (8 devices); the launch's flags as config overrides.
   config = tiny.get_config()
-  for flag in [*TINY[1:], "--config.data.source=prepared",
-               f"--config.data.dataset_dir={dataset_dir}", "--config.train.num_train_steps=3",
-               "--config.checkpoint.save_every_steps=3", *rtd]:
+  for flag in [*TINY[1:], "--config.train.num_train_steps=3",
+               "--config.checkpoint.save_every_steps=3", *flags]:
     path, value = flag[len("--config."):].split("=", 1)
     section, field = path.split(".")
     old = config[section][field]
     config[section][field] = (value == "true" if isinstance(old, bool) else type(old)(value))
+  if packing.ROW_FORMATS[config.data.objective] != "mlm_nsp":  # Not the reference's rows.
+    home = str(tmp_path / "data")
+    prepared = builtin.ensure_builtin(home, builtin.BuiltinSettings.from_config(config))
+    dataset_dir, _ = pipeline.resolve_dataset(pipeline.DataSpec.from_config(config), home,
+                                              prepared)
+  config.data.update(source="prepared", dataset_dir=dataset_dir)
+  processes = _start_processes(two, dataset_dir, *flags, steps=3)
   train.train_and_evaluate(config, one)
   codes, outputs = _finish(processes)
   assert codes == [0, 0], outputs
@@ -159,5 +177,5 @@ def test_rtd_gives_one_process_of_8_devices_losses_on_two_of_4(reference, tmp_pa
       records[name] = [r for r in map(json.loads, f) if r["split"] == "train"]
   assert [r["step"] for r in records["one"]] == [1, 2, 3] == [r["step"] for r in records["two"]]
   for ours, theirs in zip(records["one"], records["two"]):
-    for key in ("loss", "mlm_accuracy", "disc_accuracy", "disc_auc", "replaced_fraction"):
+    for key in keys:
       assert ours[key] == pytest.approx(theirs[key], rel=1e-5), (ours["step"], key)
