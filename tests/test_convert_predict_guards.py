@@ -449,7 +449,7 @@ def test_predict_launcher_notes_truncation_and_refuses_bad_flags(tmp_path):
   assert all(len(s["ids"]) == 5 and not set(s["ids"]) & set(range(len(SPECIALS)))
              for s in samples)
   assert "--steps=0" in _error_line(results["generate_steps_zero"], 2)
-  assert (f"[SEP] is {TINY.max_position_embeddings + 2} positions" in
+  assert (f"special tokens is {TINY.max_position_embeddings + 2} positions" in
           _error_line(results["generate_too_long"], 1))
   assert "--prompt is empty" in _error_line(results["generate_blank_prompt"], 2)
   assert "has no MLM head" in _error_line(results["generate_no_mlm_head"], 1)
