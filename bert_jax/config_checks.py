@@ -372,6 +372,7 @@ PRETRAINING_RULES: dict[str, Check] = {
     "rtd.generator_heads": integer(0, "0: one per 64 of width"),
     "rtd.embedding_sharing": one_of(rtd_model.SHARINGS),
     "rtd.disc_weight": number(0.0, low_open=True),
+    "rtd.temperature": number(0.0, low_open=True),
     "masking.eval_mask_prob": number(0.0, 1.0, meaning="0: mask_prob"),
     "masking.max_predictions_per_seq": integer(1),
     "masking.mask_token_prob": probability(),

@@ -175,6 +175,9 @@ def get_config() -> ml_collections.ConfigDict:
   # the discriminator reads stop_gradient(generator's) + a delta initialised to 0; "none".
   config.rtd.embedding_sharing = "electra"
   config.rtd.disc_weight = 50.0  # λ: loss = mlm + λ x discriminator (+ nsp). ELECTRA: 50.
+  # Samples are drawn from softmax(generator logits / temperature) (> 0); ELECTRA's
+  # `temperature`, 1.0. Above 1 the replacements are less plausible, easier to detect.
+  config.rtd.temperature = 1.0
 
   # ---------------------------------------------------------------- train
   config.train = ml_collections.ConfigDict()

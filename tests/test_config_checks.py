@@ -154,7 +154,7 @@ PRETRAINING_BAD = _SHARED_BAD + [
     ("masking.mask_token_prob", 1.2), ("masking.random_token_prob", -0.1),
     ("masking.whole_word_masking", None), ("masking.eval_mask_prob", 1.5),
     ("rtd.generator_hidden_fraction", 0.0), ("rtd.generator_layers", -1),
-    ("rtd.generator_heads", -1), ("rtd.embedding_sharing", "tied"), ("rtd.disc_weight", -1.0),
+    ("rtd.generator_heads", -1), ("rtd.embedding_sharing", "tied"), ("rtd.disc_weight", -1.0), ("rtd.temperature", 0.0),
     ("masking.rate_schedule", "mmbert"), ("masking.stage_rates", (0.3, 0.0)),
     ("masking.stage_rates", ()), ("masking.stage_starts", (0.0, 1.5)),
     ("diffusion.schedule", "cosine"), ("diffusion.eval_points", -1),

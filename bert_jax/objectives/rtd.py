@@ -19,10 +19,11 @@ import jax
 import jax.numpy as jnp
 
 
-def sample_replacements(logits, row_seeds):
+def sample_replacements(logits, row_seeds, temperature: float = 1.0):
   """logits [B, P, V] f32 (the generator's, at the target slots), row_seeds [B] uint32 ->
-  sampled ids [B, P] int32, Gumbel-max with the noise of row b from fold_in(key(0), seed b)."""
-  logits = jax.lax.stop_gradient(logits.astype(jnp.float32))
+  sampled ids [B, P] int32 from softmax(logits / temperature): Gumbel-max with the noise of row
+  b from fold_in(key(0), seed b)."""
+  logits = jax.lax.stop_gradient(logits.astype(jnp.float32)) / temperature
 
   def row(seed, row_logits):  # [P, V] -> [P]
     key = jax.random.fold_in(jax.random.key(0), seed)

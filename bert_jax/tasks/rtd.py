@@ -35,6 +35,7 @@ class RtdSettings:
   embedding_sharing: str  # "electra" | "gdes" | "none".
   disc_weight: float  # λ.
   nsp: bool  # Objective "rtd_nsp".
+  temperature: float = 1.0  # Samples from softmax(logits / temperature) (ELECTRA's).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,7 +85,8 @@ class RtdTask(PretrainingTask):
                          batch["segment_ids"], batch["masked_lm_positions"], deterministic,
                          position_ids=batch["position_ids"], rngs=rngs(generator_rng),
                          method=ReplacedTokenDetection.generate)  # [B, P, V]
-    sampled = rtd_lib.sample_replacements(logits, batch["sample_seed"])  # [B, P]
+    sampled = rtd_lib.sample_replacements(logits, batch["sample_seed"],
+                                          self.rtd.temperature)  # [B, P]
     original, corrupted = rtd_lib.corrupt(batch, sampled)  # [B, L] each
     outputs = model.apply(variables, corrupted, batch["token_type_ids"], batch["segment_ids"],
                           deterministic, position_ids=batch["position_ids"],
@@ -122,6 +124,7 @@ class RtdTask(PretrainingTask):
     return {**super().meta(), "name": self.name,
             "rtd": {"embedding_sharing": self.rtd.embedding_sharing,
                     "disc_weight": self.rtd.disc_weight, "nsp": self.rtd.nsp,
+                    "temperature": self.rtd.temperature,
                     "generator": {"hidden_size": g.hidden_size,
                                   "num_hidden_layers": g.num_hidden_layers,
                                   "num_attention_heads": g.num_attention_heads,
