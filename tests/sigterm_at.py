@@ -23,3 +23,28 @@ class SigtermAt:
 
   def set_state(self, state):
     self.inner.set_state(state)
+
+
+def train_losses(workdir: str) -> dict[int, float]:
+  """{step: loss} of a pretraining workdir's train lines."""
+  import json  # pylint: disable=import-outside-toplevel
+  with open(os.path.join(workdir, "metrics.jsonl")) as f:
+    return {r["step"]: r["loss"] for r in map(json.loads, f) if r["split"] == "train"}
+
+
+def preempted_and_resumed(config, tmp_path, monkeypatch, at: int = 3) -> tuple[str, str]:
+  """Pretrains `config` whole in tmp_path/whole, then in tmp_path/stopped with SIGTERM at the
+  `at`-th batch, then again there (the resume) -> (whole, stopped). Asserts the stopped run
+  saved exactly one checkpoint before the last step."""
+  from bert_jax import train  # pylint: disable=import-outside-toplevel
+  whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
+  train.train_and_evaluate(config, whole)
+  original = train._train_iterator  # pylint: disable=protected-access
+  monkeypatch.setattr(train, "_train_iterator", lambda *a: SigtermAt(original(*a), at=at))
+  train.train_and_evaluate(config, stopped)
+  monkeypatch.setattr(train, "_train_iterator", original)
+  (saved,) = [int(name) for name in os.listdir(os.path.join(stopped, "checkpoints"))
+              if name.isdigit()]
+  assert 1 <= saved < config.train.num_train_steps
+  train.train_and_evaluate(config, stopped)
+  return whole, stopped

@@ -393,13 +393,11 @@ def test_a_preempted_diffusion_run_resumes_bit_identically(tmp_path, monkeypatch
   """The times (fold_in of the step's key, stratified over the batch) and masks come back: a
   run stopped by SIGTERM and started again logs the uninterrupted run's losses and ends on its
   params, bit for bit."""
-  import json  # pylint: disable=import-outside-toplevel
   import os  # pylint: disable=import-outside-toplevel
 
-  from bert_jax import train  # pylint: disable=import-outside-toplevel
   from bert_jax.checkpoints import checkpointing  # pylint: disable=import-outside-toplevel
   from configs import diffusion_tiny  # pylint: disable=import-outside-toplevel
-  from tests.sigterm_at import SigtermAt  # pylint: disable=import-outside-toplevel
+  from tests import sigterm_at  # pylint: disable=import-outside-toplevel
 
   config = diffusion_tiny.get_config()
   config.data.update(source="synthetic", max_seq_length=32)
@@ -411,20 +409,8 @@ def test_a_preempted_diffusion_run_resumes_bit_identically(tmp_path, monkeypatch
   config.checkpoint.save_every_steps = 100
   config.logging.tensorboard = False
 
-  def losses(workdir):
-    records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
-    return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
-
-  whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
-  train.train_and_evaluate(config, whole)
-  original = train._train_iterator  # pylint: disable=protected-access
-  monkeypatch.setattr(train, "_train_iterator", lambda *a: SigtermAt(original(*a), at=3))
-  train.train_and_evaluate(config, stopped)
-  monkeypatch.setattr(train, "_train_iterator", original)
-  (at,) = [int(name) for name in os.listdir(os.path.join(stopped, "checkpoints"))
-           if name.isdigit()]
-  assert 1 <= at < 6
-  train.train_and_evaluate(config, stopped)
+  whole, stopped = sigterm_at.preempted_and_resumed(config, tmp_path, monkeypatch)
+  losses = sigterm_at.train_losses
   assert losses(stopped) == losses(whole) and len(losses(whole)) == 6
   jax.tree.map(np.testing.assert_array_equal,
                checkpointing.restore_params(os.path.join(stopped, "checkpoints", "6")),

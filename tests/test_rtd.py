@@ -17,7 +17,7 @@ from bert_jax.models.model import BertConfig
 from bert_jax.objectives import rtd as rtd_lib
 from bert_jax.tasks import PretrainingTask, RtdTask
 from configs import modern_electra_tiny, tiny
-from tests.sigterm_at import SigtermAt
+from tests.sigterm_at import preempted_and_resumed, train_losses
 
 # In-process trainings on one device (tests/conftest.py): what they pin (resume, exports,
 # loading) does not depend on the mesh; tests/test_multihost.py runs RTD on 8 devices.
@@ -185,11 +185,6 @@ def test_bad_settings_fail_in_one_line_naming_the_field(field, value, message):
   assert message in str(error.value) and "\n" not in str(error.value)
 
 
-def _losses(workdir) -> dict[int, float]:
-  records = [json.loads(line) for line in open(os.path.join(workdir, "metrics.jsonl"))]
-  return {r["step"]: r["loss"] for r in records if r["split"] == "train"}
-
-
 def test_a_preempted_rtd_run_resumes_bit_identically(tmp_path, monkeypatch):
   """Both encoders, the GDES delta and the sampling seeds (fold_in of the step) come back: a
   run stopped by SIGTERM and started again logs the uninterrupted run's losses and ends on its
@@ -199,17 +194,8 @@ def test_a_preempted_rtd_run_resumes_bit_identically(tmp_path, monkeypatch):
                       warmup_steps=2)
   config.checkpoint.save_every_steps = 100
   config.logging.tensorboard = False
-  whole, stopped = str(tmp_path / "whole"), str(tmp_path / "stopped")
-  train.train_and_evaluate(config, whole)
-  original = train._train_iterator  # pylint: disable=protected-access
-  monkeypatch.setattr(train, "_train_iterator", lambda *a: SigtermAt(original(*a), at=3))
-  train.train_and_evaluate(config, stopped)
-  monkeypatch.setattr(train, "_train_iterator", original)
-  (at,) = [int(name) for name in os.listdir(os.path.join(stopped, "checkpoints"))
-           if name.isdigit()]
-  assert 1 <= at < 6
-  train.train_and_evaluate(config, stopped)
-  assert _losses(stopped) == _losses(whole) and len(_losses(whole)) == 6
+  whole, stopped = preempted_and_resumed(config, tmp_path, monkeypatch)
+  assert train_losses(stopped) == train_losses(whole) and len(train_losses(whole)) == 6
   ours = checkpointing.restore_params(os.path.join(stopped, "checkpoints", "6"))
   theirs = checkpointing.restore_params(os.path.join(whole, "checkpoints", "6"))
   assert set(ours) >= {"embeddings", "embeddings_delta", "generator", "discriminator"}
