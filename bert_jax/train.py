@@ -110,7 +110,7 @@ def pretraining_task(config, model_config: BertConfig, meta: dict | None) -> Pre
                                            r.generator_layers, r.generator_heads,
                                            r.embedding_sharing)
     settings = RtdSettings(generator, r.embedding_sharing, float(r.disc_weight),
-                           temperature=float(r.temperature), nsp=config.data.objective == "rtd_nsp")
+                           float(r.temperature), nsp=config.data.objective == "rtd_nsp")
     # The discriminator has no MLM head: no held-out bound.
     return RtdTask(*shape, **{**common, "diffusion": DiffusionSettings(eval_points=0)},
                    rtd=settings)

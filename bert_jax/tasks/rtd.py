@@ -34,8 +34,8 @@ class RtdSettings:
   generator: BertConfig  # `models.rtd.generator_config` of the discriminator.
   embedding_sharing: str  # "electra" | "gdes" | "none".
   disc_weight: float  # λ.
+  temperature: float  # Samples from softmax(logits / temperature) (ELECTRA's).
   nsp: bool  # Objective "rtd_nsp".
-  temperature: float = 1.0  # Samples from softmax(logits / temperature) (ELECTRA's).
 
 
 @dataclasses.dataclass(frozen=True)
