@@ -24,7 +24,8 @@ second, and slots (token positions computed, padding included: real tokens / fil
 second: pairs/s = slots/s x fill / tokens per pair, so the pairs ratio is the product of the
 slots/s ratio (speed per position) and the fill ratio (positions not spent on padding). One JSON
 line per measurement, then one with the ratios, appended to
-benchmarks/results/embedding_speed.jsonl with the commit.
+benchmarks/results/embedding_speed.jsonl with the commit and the CPU. The ratios depend on the
+CPU (PyTorch's and XLA's kernels differ per instruction set): compare runs on one machine.
 
   .venv/bin/python benchmarks/embedding_speed.py                 # ~10 min on 2 cores
   .venv/bin/python benchmarks/embedding_speed.py --model=tiny --batch=32 --steps=10
@@ -42,7 +43,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-from provenance import commit  # noqa: E402  (benchmarks/, put on sys.path above)
+from provenance import commit, machine  # noqa: E402  (benchmarks/, put on sys.path above)
 
 RESULTS = os.path.join(REPO, "benchmarks", "results", "embedding_speed.jsonl")
 # (layers, width, heads, intermediate): speed_guard's "small" and "tiny".
@@ -189,13 +190,15 @@ def main() -> None:
     rows = []
     for repeat in range(args.repeats):
       for role in ("jax", "jax_unpacked", "torch"):
-        row = {"benchmark": "embedding_speed", "commit": commit(), "model": args.model,
+        row = {"benchmark": "embedding_speed", "commit": commit(), "machine": machine(),
+               "model": args.model,
                "batch": args.batch, "seq_len": args.length, "repeat": repeat,
                **_worker(args, directory, role)}
         print(json.dumps(row), flush=True)
         rows.append(row)
   peer = [r for r in rows if r["side"] == "sentence_transformers"]
-  summary = {"benchmark": "embedding_speed", "commit": commit(), "model": args.model,
+  summary = {"benchmark": "embedding_speed", "commit": commit(), "machine": machine(),
+             "model": args.model,
              "batch": args.batch, "seq_len": args.length, "steps": args.steps, **pairs}
   for side in ("bert_jax", "bert_jax_unpacked"):
     ours = [r for r in rows if r["side"] == side]

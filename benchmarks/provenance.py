@@ -1,4 +1,5 @@
-"""(A module) what every benchmark row records of where it came from: the checkout's commit."""
+"""(A module) what every benchmark row records of where it came from: the checkout's commit and
+the machine."""
 
 import os
 import subprocess
@@ -14,3 +15,14 @@ def commit(repo: str = REPO) -> str:
   dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=repo,
                          capture_output=True, text=True).stdout.strip()
   return head + ("+dirty" if dirty else "")
+
+
+def machine() -> str:
+  """The CPU's model name and core count (ratios against PyTorch depend on the CPU)."""
+  model = "unknown CPU"
+  try:
+    with open("/proc/cpuinfo") as f:
+      model = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
+  except (OSError, StopIteration):
+    pass
+  return f"{model}, {os.cpu_count()} cores"

@@ -39,7 +39,7 @@ import time
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, REPO)
 sys.path.insert(0, os.path.join(REPO, "benchmarks"))
-from provenance import commit  # noqa: E402  (benchmarks/, put on sys.path above)
+from provenance import commit, machine  # noqa: E402  (benchmarks/, put on sys.path above)
 
 RESULTS = os.path.join(REPO, "benchmarks", "results", "speed_guard.jsonl")
 STEP_SHAPES = ("small:8:128", "tiny:32:128")
@@ -377,7 +377,7 @@ def main() -> None:
     return
   import train_step
   record = {"benchmark": "speed_guard", "commit": commit(),
-            "date": datetime.date.today().isoformat(), "machine": train_step._machine(),
+            "date": datetime.date.today().isoformat(), "machine": machine(),
             "load_avg_1min_start": round(os.getloadavg()[0], 2)}
   print(f"{record['machine']}; load {record['load_avg_1min_start']}", flush=True)
   if not args.skip_steps:

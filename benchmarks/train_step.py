@@ -53,6 +53,8 @@ import sys
 import time
 from typing import Any
 
+import provenance  # benchmarks/ (this script's folder, first on sys.path)
+
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RESULTS = os.path.join(REPO, "benchmarks", "results", "train_step.jsonl")
 
@@ -567,7 +569,7 @@ def main() -> None:
   if "hf_flax" in kinds and not os.path.exists(args.hf_flax_python):
     print(f"{args.hf_flax_python} not found: hf_flax skipped (see the docstring for its venv)")
     kinds.remove("hf_flax")
-  machine = _machine()
+  machine = provenance.machine()
   print(f"{machine}; load {os.getloadavg()[0]:.1f}")
   rows = []
   if args.suite in ("compare", "all"):
@@ -593,16 +595,6 @@ def main() -> None:
       line = json.dumps(row)
       print(line)
       f.write(line + "\n")
-
-
-def _machine() -> str:
-  model = "unknown CPU"
-  try:
-    with open("/proc/cpuinfo") as f:
-      model = next(l.split(":", 1)[1].strip() for l in f if l.startswith("model name"))
-  except (OSError, StopIteration):
-    pass
-  return f"{model}, {os.cpu_count()} cores"
 
 
 if __name__ == "__main__":

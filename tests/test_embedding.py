@@ -13,7 +13,7 @@ import pytest
 
 from bert_jax import config_checks
 from bert_jax.models.model import BertConfig
-from bert_jax.tasks.embedding import EmbeddingSettings, EmbeddingTask, pool_texts
+from bert_jax.tasks.embedding import EmbeddingSettings, EmbeddingTask, packed_rows, pool_texts
 from bert_jax.training import programs, sharding
 from bert_jax.training.settings import TrainSettings
 from configs import finetune_embedding
@@ -137,6 +137,18 @@ def test_packed_rows_hold_every_text_once_and_train_as_one_text_per_row(one_devi
   losses, params = _steps(task, _config(data=2, fsdp=4, accum=2), jax.devices())
   np.testing.assert_allclose(losses, one_device[0], rtol=1e-6)
   _close(params, one_device[1], 1e-6)
+
+
+def test_packed_row_buckets_waste_at_most_a_sixteenth_and_divide_the_mesh():
+  """R rows -> a bucket >= R, a multiple of the row multiple, at most R / 16 rows more (or the
+  next multiple, when larger); a few shapes per octave of R."""
+  for multiple in (1, 2, 8, 16):
+    for rows in range(1, 600):
+      bucket = packed_rows(rows, multiple)
+      assert bucket >= rows and bucket % multiple == 0
+      assert bucket - rows < max(2 ** (rows.bit_length() - 1) // 16, multiple)
+  assert sorted({packed_rows(r, 1) for r in range(27, 33)}) == [27, 28, 29, 30, 31, 32]
+  assert sorted({packed_rows(r, 1) for r in range(65, 129)}) == list(range(68, 129, 4))
 
 
 def test_a_checkpoint_from_before_pack_reads_as_unpacked():
