@@ -140,8 +140,8 @@ def test_packed_rows_hold_every_text_once_and_train_as_one_text_per_row(one_devi
 
 
 def test_packed_row_buckets_waste_at_most_a_sixteenth_and_divide_the_mesh():
-  """R rows -> a bucket >= R, a multiple of the row multiple, at most R / 16 rows more (or the
-  next multiple, when larger); a few shapes per octave of R."""
+  """R rows -> a bucket >= R, a multiple of the row multiple (powers of two here), at most R / 16
+  rows more (or the next multiple, when larger); a few shapes per octave of R."""
   for multiple in (1, 2, 8, 16):
     for rows in range(1, 600):
       bucket = packed_rows(rows, multiple)

@@ -77,10 +77,11 @@ def pool_packed(sequence, segment_ids, starts, pooling: str, normalize: bool):
 
 def packed_rows(rows: int, row_multiple: int) -> int:
   """`rows` packed rows rounded up to a bucket, so that batches take a few shapes (a
-  compilation each): a multiple of `row_multiple` (data x fsdp shards times GradCache chunks)
-  and of a sixteenth of the power of two below `rows` (at most 1/16 more rows, or up to the next
-  multiple of `row_multiple` when that is larger). On the offline retrieval suite's pairs at
-  B = 64 the batches pack into 27-32 rows: 6 buckets, fill 0.977 (quarters: 2 buckets, 0.928)."""
+  compilation each): to a multiple of a step, a sixteenth of the power of two below `rows`
+  raised to a multiple of `row_multiple` (data x fsdp shards times GradCache chunks). When
+  `row_multiple` is a power of two that is at most 1/16 more rows, or up to the next multiple
+  of `row_multiple` when that is larger. On the offline retrieval suite's pairs at B = 64 the
+  batches pack into 27-32 rows: 6 buckets, fill 0.977 (quarters: 2 buckets, 0.928)."""
   step = max(1, 2 ** (max(rows, 1).bit_length() - 1) // 16)
   step = row_multiple * -(-step // row_multiple)
   return max(1, -(-rows // step)) * step
