@@ -29,7 +29,7 @@ def report(batch: int, chunks: int, length: int, negatives: int) -> dict:
   from bert_jax import config_checks  # pylint: disable=import-outside-toplevel
   from bert_jax.models.model import BertConfig  # pylint: disable=import-outside-toplevel
   from bert_jax.tasks.embedding import EmbeddingSettings, EmbeddingTask  # pylint: disable=import-outside-toplevel
-  from bert_jax.training import programs  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import aot, programs  # pylint: disable=import-outside-toplevel
   from bert_jax.training.settings import TrainSettings  # pylint: disable=import-outside-toplevel
   from configs import base, finetune_embedding  # pylint: disable=import-outside-toplevel
   config = finetune_embedding.get_config()
@@ -44,14 +44,14 @@ def report(batch: int, chunks: int, length: int, negatives: int) -> dict:
                                num_negatives=negatives, scale=20.0, symmetric=False,
                                mask_false_negatives=False, matryoshka_dims=())
   start = time.time()
-  result = programs.compile_report(TrainSettings.from_config(config),
-                                   EmbeddingTask(model, settings))
+  result = aot.report(TrainSettings.from_config(config), EmbeddingTask(model, settings),
+                      aot.host_target())
   programs.program.cache_clear()
   jax.clear_caches()
   return {"benchmark": "embedding_memory", "commit": commit(), "model": "bert-base",
           "examples": batch, "texts_per_example": 2 + negatives, "seq_len": length,
-          "chunks": chunks, "total_gib": result.get("total_gib"),
-          "temporaries_gib": result.get("temporaries_gib"),
+          "chunks": chunks, "total_gib": result.get("train_total_gib"),
+          "temporaries_gib": result.get("train_temporaries_gib"),
           "compile_s": round(time.time() - start, 1)}
 
 

@@ -58,8 +58,8 @@ def main():
   print("|---|---|---|---|---|")
   for row in rows:
     kind = "local 128 + global every 3rd" if row["local_attention"] else "all global"
-    print(f"| {row['remat']} | {kind} | {row['total_gib']:.2f} | "
-          f"{row['model_flops_per_step'] / 1e12:.2f} | {row['compile_seconds']:.1f} |")
+    print(f"| {row['remat']} | {kind} | {row['train_total_gib']:.2f} | "
+          f"{row['model_flops_per_step'] / 1e12:.2f} | {row['compile_seconds_train']:.1f} |")
 
 
 if __name__ == "__main__":

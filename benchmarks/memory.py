@@ -44,8 +44,8 @@ def main(argv):
   print(f"\n| model | L | batch/device | params+opt state GiB | temporaries GiB | total GiB |")
   print("|---|---|---|---|---|---|")
   for r in rows:
-    print(f"| {r['model']} | {r['seq_len']} | {r['batch_per_device']} | {r['arguments_gib']:.2f} "
-          f"| {r['temporaries_gib']:.2f} | {r['total_gib']:.2f} |")
+    print(f"| {r['model']} | {r['seq_len']} | {r['batch_per_device']} | {r['train_arguments_gib']:.2f} "
+          f"| {r['train_temporaries_gib']:.2f} | {r['train_total_gib']:.2f} |")
   if f.output:
     with open(f.output, "w") as out:
       out.writelines(json.dumps(r) + "\n" for r in rows)

@@ -98,7 +98,8 @@ def run_one(model: str, sizes: str, mesh: tuple[int, int, int], batch: int, comp
     report = train.compile_report(config) if compile_ else lower_report(config)
   except ValueError as error:  # What launch/train.py prints as its one `error:` line.
     return {**row, "ok": False, "error": str(error), "seconds": time.time() - start}
-  keep = ("compile_seconds", "arguments_gib", "temporaries_gib", "total_gib")
+  keep = ("compile_seconds_train", "train_arguments_gib", "train_temporaries_gib",
+          "train_total_gib")
   return {**row, "ok": True, **{k: report[k] for k in keep if k in report},
           "seconds": time.time() - start}
 
@@ -142,8 +143,8 @@ def main() -> None:
   for r in rows:
     result = ("compiles" if r["stage"] == "compiled" else "lowers") if r["ok"] else (
         f"error: {r['error']}")
-    memory = f"{r['total_gib']:.3f}" if "total_gib" in r else "-"
-    compile_s = f"{r['compile_seconds']:.1f}" if "compile_seconds" in r else "-"
+    memory = f"{r['train_total_gib']:.3f}" if "train_total_gib" in r else "-"
+    compile_s = f"{r['compile_seconds_train']:.1f}" if "compile_seconds_train" in r else "-"
     print(f"| {r['model']} | {r['mesh']} | {result} | {memory} | {compile_s} |")
   if args.output:
     with open(args.output, "w") as out:

@@ -666,6 +666,9 @@ FINETUNING_RELATIONS: tuple[Relation, ...] = (
     _one_inferred_mesh_axis, _scratch_needs_vocab, _regression_is_classification,
     _one_training_source, _splash_blocks_divide_a_row, _wsd_warmup_ends_before_the_decay)
 
+# What a compile-only fine-tuning run does not read.
+_DATA_RELATIONS = (_scratch_needs_vocab, _one_training_source)
+
 
 # ---------------------------------------------------------------------------------- entry
 
@@ -715,6 +718,10 @@ def check_pretraining(config: ml_collections.ConfigDict) -> None:
   check_config(config, with_registered(PRETRAINING_RULES), PRETRAINING_RELATIONS, "pretraining")
 
 
-def check_finetuning(config: ml_collections.ConfigDict) -> None:
-  """Every field of a fine-tuning config (configs/finetune_base.py, finetune_*.py, overrides)."""
-  check_config(config, with_registered(FINETUNING_RULES), FINETUNING_RELATIONS, "fine-tuning")
+def check_finetuning(config: ml_collections.ConfigDict, compile_only: bool = False) -> None:
+  """Every field of a fine-tuning config (configs/finetune_base.py, finetune_*.py, overrides).
+  A compile-only run reads no data and builds no tokenizer: it needs neither a training source
+  nor, from scratch, more than the vocabulary's size (`finetune.compile_report`)."""
+  relations = tuple(r for r in FINETUNING_RELATIONS
+                    if not (compile_only and r in _DATA_RELATIONS))
+  check_config(config, with_registered(FINETUNING_RULES), relations, "fine-tuning")

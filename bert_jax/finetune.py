@@ -20,7 +20,7 @@ from absl import logging
 
 from bert_jax import config_checks, tasks
 from bert_jax.models import model as model_lib
-from bert_jax.training import programs, sharding, trainer
+from bert_jax.training import aot, programs, sharding, trainer
 from bert_jax.runtime import storage
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.vocab import Vocab
@@ -97,6 +97,51 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
   if jax.process_index() == 0:
     storage.write_text(storage.join(workdir, FINAL_EVAL_FILE), json.dumps(summary, indent=2))
   return {**summary, "state": result["state"]}
+
+
+# The schedule's length when the run's own comes from its data (epochs): a compile-only run reads
+# none, and the length changes no shape of the compiled programs.
+COMPILE_ONLY_STEPS = 1000
+
+
+def compile_report(config, target: "aot.Target | None" = None) -> dict[str, Any]:
+  """The init, train and eval steps of `config.task` compiled for `target` (default: this
+  process's devices) against abstract shapes (`training/aot.py`): no training data is read.
+  The encoder's shape comes from `config.init_from` (a checkpoint's config and vocabulary),
+  else from config.model with `config.vocab` or config.model.vocab_size; labels from
+  config.data.labels (else two, named in the report)."""
+  config_checks.check_finetuning(config, compile_only=True)
+  task_class = tasks.finetune_task(config.task)
+  encoder = _compile_only_encoder(config)
+  try:
+    labels, assumed = task_class.labels_from([], config), False
+  except ValueError:  # The labels come from the training records, which are not read.
+    labels, assumed = ["0", "1"], True
+  task = task_class(encoder.config,
+                    task_class.settings_class.from_config(config, labels, encoder.config,
+                                                          encoder.vocab))
+  config = copy.deepcopy(config)
+  config.train.num_train_steps = config.train.num_train_steps or COMPILE_ONLY_STEPS
+  settings = TrainSettings.from_config(config)
+  report = aot.report(settings, task, target or aot.host_target())
+  return {"task": task.name, "labels": len(labels),
+          **({"labels_assumed": "2 (config.data.labels is empty)"} if assumed else {}),
+          "encoder": encoder.source, **report}
+
+
+def _compile_only_encoder(config) -> Encoder:
+  """The encoder of a compile-only run: a checkpoint's (load_encoder), or config.model's with
+  the vocabulary's size (config.vocab) or config.model.vocab_size."""
+  if config.init_from or config.vocab:
+    return load_encoder(config)
+  values = dict(config.model)
+  if values["vocab_size"] <= 0:
+    raise ValueError("--compile_only of an encoder from scratch needs its vocabulary size: "
+                     "--config.model.vocab_size=N (e.g. 30522), --config.vocab or "
+                     "--config.init_from")
+  if values["classifier_pooling"] == POOLING_OF_CHECKPOINT:
+    values["classifier_pooling"] = "cls"
+  return Encoder(BertConfig.from_config(values), None, None, "scratch")
 
 
 def check_best_metric(metric: str, task: tasks.FinetuneTask) -> None:

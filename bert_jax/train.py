@@ -14,7 +14,7 @@ from jax.experimental import multihost_utils
 
 from bert_jax import config_checks
 from bert_jax.checkpoints import checkpointing
-from bert_jax.training import programs, sharding, trainer
+from bert_jax.training import aot, programs, sharding, trainer
 from bert_jax.runtime import storage
 from bert_jax.data import batching, builtin, packing, pipeline, prepare
 from bert_jax.data.vocab import Vocab
@@ -72,12 +72,14 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   return trainer.train(TrainSettings.from_config(config), workdir, run)
 
 
-def compile_report(config) -> dict[str, Any]:
-  """Per-device memory and FLOPs of the compiled train step, from abstract shapes only."""
+def compile_report(config, target: "aot.Target | None" = None) -> dict[str, Any]:
+  """The init, train and eval steps compiled for `target` (default: this process's devices)
+  against abstract shapes only: memory per chip, FLOPs, collectives, the step-time bound
+  (`training/aot.py`). Nothing is allocated and no data is read."""
   config_checks.check_pretraining(config)
   model_config = BertConfig.from_config(config.model)
-  return programs.compile_report(TrainSettings.from_config(config),
-                                 pretraining_task(config, model_config, None))
+  return aot.report(TrainSettings.from_config(config),
+                    pretraining_task(config, model_config, None), target or aot.host_target())
 
 
 def examples_per_row(config) -> int:

@@ -3,25 +3,29 @@ r"""Pretrains BERT (MLM + NSP): `python launch/train.py --config=configs/tiny.py
 Overrides: `--config.train.batch_size=32`, `--config.data.source=synthetic`, ... (the config is
 locked: a mistyped field fails). `--workdir` defaults to runs/<config name>; a second start in the
 same workdir resumes from its latest checkpoint. Multi-host: see docs/scale_out.md.
-"""
 
-import json
+Before paying for a slice: `--compile_only --topology=v5e:4x4` compiles the run for it from this
+host and prints what it costs per chip (docs/tpu.md).
+"""
 
 from absl import flags
 
 from bert_jax.runtime import cli
 
 cli.define_flags("configs/tiny.py", "Checkpoints, metrics and prepared data go here")
-flags.DEFINE_bool("compile_only", False, "Compile the train step against abstract shapes, print "
-                  "its per-device memory and FLOPs, and exit (no data, no training).")
+cli.define_compile_flags()
 
 
 def main() -> None:
   import jax  # After distributed init.
   from bert_jax import train
   from bert_jax.runtime import workdir_lock
-  if flags.FLAGS.compile_only:
-    print(json.dumps(train.compile_report(flags.FLAGS.config), indent=1))
+  from bert_jax.training import aot
+  if cli.compile_only_requested():
+    report = train.compile_report(flags.FLAGS.config,
+                                  aot.target(flags.FLAGS.topology, flags.FLAGS.num_slices))
+    cli.print_report(report)
+    aot.check_fits(report)
     return
   train.check(flags.FLAGS.config)  # Before the workdir is touched: a bad value writes nothing.
   with workdir_lock.hold(cli.workdir()):  # One run per workdir.

@@ -257,7 +257,7 @@ def test_unavailable_attention_kernel_is_refused_before_any_work():
   config = tiny.get_config()
   config.model.attention_impl = "cudnn"
   with pytest.raises(ValueError, match=r"^config.model.attention_impl='cudnn' needs an NVIDIA GPU "
-                                       r"\(with cuDNN\); this process runs on cpu; use 'auto'"):
+                                       r"\(with cuDNN\); the devices it compiles for are cpu \(cpu\); use 'auto'"):
     train.check(config)
   gpu = types.SimpleNamespace(platform="gpu", device_kind="NVIDIA H100 80GB HBM3")
   with pytest.raises(ValueError, match="needs config.model.dtype='bfloat16'"):

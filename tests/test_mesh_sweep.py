@@ -94,7 +94,7 @@ def test_base_and_large_shapes_lower_and_compile_on_32_devices():
   assert (refused["ok"], refused["error"]) == (False, expected_error)
   assert all(r["ok"] for r in rows.values()), [r for r in rows.values() if not r["ok"]]
   compiled = rows[("large", "1x4x8")]
-  assert compiled["stage"] == "compiled" and 0 < compiled["total_gib"] < 0.1
+  assert compiled["stage"] == "compiled" and 0 < compiled["train_total_gib"] < 0.1
 
 
 def test_the_launcher_refuses_12_heads_on_tensor_8_in_one_line():

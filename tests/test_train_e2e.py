@@ -204,7 +204,9 @@ def test_compile_only_reports_per_device_memory_without_data(tmp_path):
                           timeout=300)
   assert result.returncode == 0, result.stderr
   report = json.loads(result.stdout[result.stdout.index("{"):])
-  assert report["devices"] == 8 and report["total_gib"] > report["arguments_gib"] > 0
+  assert report["devices"] == 8 and report["platform"] == "cpu" and report["fits"] is True
+  assert report["per_device_gib"] > report["train_arguments_gib"] > 0
+  assert report["collectives"]["all-reduce"]["count"] > 0  # Data-parallel gradients.
   assert not os.path.exists(os.path.join(tmp_path, "checkpoints"))
 
 

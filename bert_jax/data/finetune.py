@@ -171,7 +171,8 @@ def label_set(records: Sequence[Record], configured: Sequence[Any],
       found.add(label_name(value))
   names = sorted(found, key=lambda n: (n != "O", int(n) if n.lstrip("-").isdigit() else 0, n))
   if not names:
-    raise ValueError(f"{records[0][0]}: no labels found")
+    raise ValueError(f"{records[0][0]}: no labels found" if records else
+                     "no labels: no training records, and config.data.labels is empty")
   return names
 
 

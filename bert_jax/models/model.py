@@ -49,6 +49,7 @@ import jax
 import jax.numpy as jnp
 
 from bert_jax.models import splash
+from bert_jax.models.target import target_device
 
 # Logical axis names of parameters and activations.
 BATCH = "batch"
@@ -614,13 +615,13 @@ class SelfAttention(nn.Module):
 
 
 def resolve_attention_impl(config: BertConfig, device=None, length: int | None = None) -> str:
-  """config.attention_impl with "auto" decided for `device` (default: this process's first):
+  """config.attention_impl with "auto" decided for `device` (default: `target_device()`):
   "splash" on a TPU (for rows of `length` tokens when given: a multiple of the kernel's 128
   lanes, else "xla"), "cudnn" on an NVIDIA GPU when the compute dtype is bfloat16 and the head
   size one cuDNN takes (<= 128, a multiple of 8; it refuses float32), else "xla"."""
   if config.attention_impl != "auto":
     return config.attention_impl
-  device = jax.devices()[0] if device is None else device
+  device = target_device() if device is None else device
   if device.platform == "tpu":
     return "splash" if length is None or length % splash.LANES == 0 else "xla"
   if (device.platform == "gpu" and "nvidia" in device.device_kind.lower()
@@ -636,10 +637,11 @@ def check_attention_impl(impl: str, dtype: str, head_dim: int | None = None,
   NVIDIA GPU, bfloat16 compute and a head size cuDNN takes (<= 128, a multiple of 8)."""
   if impl != "cudnn":
     return
-  device = jax.devices()[0] if device is None else device
+  device = target_device() if device is None else device
   problem = None
   if device.platform != "gpu" or "nvidia" not in device.device_kind.lower():
-    problem = f"needs an NVIDIA GPU (with cuDNN); this process runs on {device.platform}"
+    problem = (f"needs an NVIDIA GPU (with cuDNN); the devices it compiles for are "
+                 f"{device.platform} ({device.device_kind})")
   elif dtype != "bfloat16":
     problem = f"needs config.model.dtype='bfloat16' (cuDNN's fused attention refuses {dtype})"
   elif head_dim is not None and (head_dim > 128 or head_dim % 8):
@@ -650,9 +652,10 @@ def check_attention_impl(impl: str, dtype: str, head_dim: int | None = None,
                      "it runs, else xla) or 'xla'")
 
 
-def attention_note(config: BertConfig) -> str:
-  """One log line: the attention a run uses, with and without attention dropout."""
-  impl = resolve_attention_impl(config)
+def attention_note(config: BertConfig, length: int | None = None) -> str:
+  """One log line: the attention a run of rows of `length` tokens uses, with and without
+  attention dropout."""
+  impl = resolve_attention_impl(config, length=length)
   chosen = f"{impl!r} (attention_impl='auto')" if config.attention_impl == "auto" else repr(impl)
   rate = config.attention_probs_dropout_prob
   training = f"; training with attention dropout {rate} takes 'einsum'" if rate > 0.0 else ""
@@ -830,8 +833,11 @@ class Encoder(nn.Module):
     # "xla": "splash" needs L a multiple of 128 (shape checks init with L = 2), and flax traces
     # the init at every apply too (its shape check), under the init's vmap over layers, where
     # jax's cuDNN attention cannot batch a [B, 1, L, L] mask (jax 0.11: a reshape TypeError).
+    # The init's own forward pass (its output is discarded) takes "xla" too: it runs on a batch
+    # of 1, which splash's shard_map cannot split over a data x fsdp mesh axis > 1.
     c = self.config
     init_config = dataclasses.replace(c, attention_impl="xla")
+    layer_config = init_config if self.is_initializing() else c
     inputs = (mask, segment_ids, position_ids)
     params = self.param("layers", functools.partial(_stacked_layer_params, init_config), x,
                         *inputs)
@@ -846,7 +852,7 @@ class Encoder(nn.Module):
         index = first + j
         rngs = None if dropout_key is None else {"dropout": jax.random.fold_in(dropout_key,
                                                                                index)}
-        x = Layer(c, deterministic, local, parent=None).apply(
+        x = Layer(layer_config, deterministic, local, parent=None).apply(
             {"params": layer_params}, x, *inputs, index, rngs=rngs)
       return x
 

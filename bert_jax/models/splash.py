@@ -2,8 +2,10 @@
 examples kept apart by `SegmentIds`, local layers by a `LocalMask`, split over the batch and
 heads mesh axes by `jax.shard_map`, one example at a time (`jax.vmap`) inside each shard.
 
-The kernel has no attention dropout: `model._attend` calls it only where none applies. Off a
-TPU it runs interpreted (`interpret=True`: slow, for tests and CPU runs of a TPU config).
+The kernel has no attention dropout: `model._attend` calls it only where none applies. It is
+lowered by Mosaic when the devices compiled for are TPUs (`target.target_device`: also a TPU
+slice compiled ahead of time from a CPU host), and interpreted elsewhere (`interpret=True`:
+slow, for tests and CPU runs of a TPU config).
 Shapes: B batch, L sequence length, N heads, D head size.
 
 Padding (segment id 0) gets segment 0 here too, so padding queries attend to padding keys only,
@@ -19,6 +21,8 @@ import jax.numpy as jnp
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_kernel as kernels
 from jax.experimental.pallas.ops.tpu.splash_attention import splash_attention_mask as masks
 from jax.sharding import PartitionSpec
+
+from bert_jax.models.target import target_platform
 
 LANES = 128  # The kernel's blocks span whole TPU lanes: multiples of 128 tokens.
 DEFAULT_BLOCK = 512  # A block size of 0: min(512, L).
@@ -45,13 +49,20 @@ def block_sizes(length: int, block_q: int, block_kv: int) -> kernels.BlockSizes:
                             block_q_dq=q, block_kv_dq=kv)
 
 
-def _mesh_spec(axes: tuple[str, str, str, str]) -> PartitionSpec | None:
+def _mesh_spec(axes: tuple[str, str, str, str], shape: tuple[int, ...]) -> PartitionSpec | None:
   """[B, L, N, D]'s split on the current mesh (logical `axes` through the current rules), only
-  batch and heads kept (the kernel needs whole rows and head vectors); None without a mesh."""
-  if jax.sharding.get_abstract_mesh().empty:
+  batch and heads kept (the kernel needs whole rows and head vectors); None without a mesh. A
+  dimension that does not divide by its mesh axes (a batch of 1 at prediction) is not split:
+  every shard then computes it whole, which is correct, only not divided."""
+  mesh = jax.sharding.get_abstract_mesh()
+  if mesh.empty:
     return None
   spec = nn.logical_to_mesh_axes(axes)
-  return PartitionSpec(spec[0], None, spec[2], None)
+
+  def divisible(entry, size: int):
+    names = () if entry is None else (entry,) if isinstance(entry, str) else tuple(entry)
+    return entry if size % math.prod(mesh.shape[name] for name in names) == 0 else None
+  return PartitionSpec(divisible(spec[0], shape[0]), None, divisible(spec[2], shape[2]), None)
 
 
 def splash_attention(query, key, value, segment_ids, *, half_window: int = 0,
@@ -62,11 +73,11 @@ def splash_attention(query, key, value, segment_ids, *, half_window: int = 0,
   example, 0 padding) -> context [B, L, N, D] in query's dtype: softmax(q k / sqrt(D)) v over
   the keys of the query's segment, with `half_window` > 0 only those at most that many rows
   away. Scores and softmax in float32 inside the kernel. `axes`: the logical names of
-  query's dimensions (the mesh split); `interpret`: None = off a TPU."""
+  query's dimensions (the mesh split); `interpret`: None = unless compiling for a TPU."""
   length, dim = query.shape[1], query.shape[3]
   sizes = block_sizes(length, block_q, block_kv)
   if interpret is None:
-    interpret = jax.default_backend() != "tpu"
+    interpret = target_platform() != "tpu"
 
   def per_shard(query, key, value, segment_ids):  # [b, L, n, D] x 3, [b, L] -> [b, L, n, D]
     window = (masks.LocalMask((length, length), (half_window, half_window), 0) if half_window
@@ -82,7 +93,7 @@ def splash_attention(query, key, value, segment_ids, *, half_window: int = 0,
                                     segment_ids.astype(jnp.int32))  # [b, n, L, D]
     return heads_first(context)
 
-  spec = _mesh_spec(axes)
+  spec = _mesh_spec(axes, query.shape)
   if spec is None:
     return per_shard(query, key, value, segment_ids)
   return jax.shard_map(per_shard, in_specs=(spec, spec, spec, PartitionSpec(spec[0], None)),

@@ -42,6 +42,33 @@ def define_flags(example_config: str, workdir_help: str) -> None:
   distributed.define_flags()
 
 
+def define_compile_flags() -> None:
+  """--compile_only and the target it compiles for (--topology, --num_slices)."""
+  flags.DEFINE_bool("compile_only", False, "Compile the init, train and eval steps against "
+                    "abstract shapes, print one JSON report (memory per chip, fits, FLOPs, "
+                    "collectives, a step-time bound) and exit: no data, no training, nothing "
+                    "allocated. Exit status 1 when the config does not fit.")
+  flags.DEFINE_string("topology", "", "With --compile_only: compile for this TPU slice with the "
+                      "TPU compiler (libtpu, the tpu extra), e.g. v5e:4x4, v5p:2x2x1, v4:2x2x1, "
+                      "v6e:2x2; empty: this process's devices.")
+  flags.DEFINE_integer("num_slices", 1, "With --topology: that many slices joined over DCN "
+                       "(multi-slice; config.mesh.dcn_data must match).")
+
+
+def compile_only_requested() -> bool:
+  """--compile_only, with its target flags checked (a flag that needs it, without it: refused)."""
+  if not flags.FLAGS.compile_only and (flags.FLAGS.topology or flags.FLAGS.num_slices != 1):
+    raise app.UsageError("--topology and --num_slices need --compile_only (a run trains on "
+                         "the devices it is on)")
+  return flags.FLAGS.compile_only
+
+
+def print_report(report: dict) -> None:
+  """The compile report as JSON on stdout."""
+  import json  # pylint: disable=import-outside-toplevel
+  print(json.dumps(report, indent=1), flush=True)
+
+
 def workdir() -> str:
   """--workdir, or runs/<config file name without .py>."""
   config_path = flags.FLAGS["config"].config_filename

@@ -26,6 +26,7 @@ import numpy as np
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.finetune import Record, TaskData
 from bert_jax.data.vocab import Vocab
+from bert_jax.models import flops
 from bert_jax.models.model import BertForPreTraining
 from bert_jax.objectives import diffusion as diffusion_lib
 from bert_jax.objectives.masking import MaskingConfig
@@ -93,6 +94,10 @@ class DiffusionSftTask(FinetuneTask):
     policy = MaskingConfig(vocab_size=s.vocab_size, mask_token_id=s.mask_id,
                            special_token_ids=s.control_ids)
     return diffusion_lib.corruption(policy, s.max_seq_length)
+
+  def flops_per_example(self) -> float:
+    """The encoder and its MLM head at every position (P = L), as objective "diffusion"."""
+    return flops.train_flops_per_sequence(self.model_config, self.seq_len, self.seq_len)
 
   def example_inputs(self) -> tuple:
     ids = jnp.zeros((1, self.settings.max_seq_length), jnp.int32)

@@ -33,7 +33,7 @@ import numpy as np
 from bert_jax.data import finetune as finetune_data
 from bert_jax.data.finetune import Record, TaskData
 from bert_jax.data.vocab import Vocab
-from bert_jax.models import model as model_lib
+from bert_jax.models import flops, model as model_lib
 from bert_jax.models.model import EMBED, BertConfig, BertModel, PredictionHead
 from bert_jax.weights.layout import pad_vocab
 from bert_jax.weights.params import PRETRAINING_SUBTREES, TaskHead
@@ -303,6 +303,11 @@ class FinetuneTask(Task):
     reordered = ("" if order == sorted(order) else
                  f" (its {list(head.labels)} put in this run's order)")
     return params, f"took its task head ({head.architecture}, labels {list(labels)}{reordered})"
+
+  def flops_per_example(self) -> float | None:
+    """The encoder's train FLOPs over a row of max_seq_length (the head's, a few outputs per
+    example or per token, are not counted)."""
+    return flops.train_flops_per_sequence(self.model_config, self.seq_len, 0)
 
   def meta(self) -> dict[str, Any]:
     return {"name": self.name, **dataclasses.asdict(self.settings)}

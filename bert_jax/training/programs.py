@@ -34,6 +34,12 @@ class Program:
                         self.abstract_state, self.state_shardings)
 
 
+def abstract_key() -> jax.ShapeDtypeStruct:
+  """A PRNG key's shape and dtype: what the programs are traced and lowered with. A concrete key
+  made inside `jax.set_mesh` of a compile-only mesh (a TPU topology from a CPU host) fails."""
+  return jax.eval_shape(lambda: jax.random.key(0))
+
+
 @functools.lru_cache(maxsize=8)
 def program(task: Task, step: StepSettings, mesh, rules) -> Program:
   """The jitted functions of `task` with the optimizer and schedule of `step` on
@@ -41,7 +47,7 @@ def program(task: Task, step: StepSettings, mesh, rules) -> Program:
   optimizer = optimizer_lib.make_optimizer(step, task.frozen)
   init_fn = functools.partial(steps.init_state, task=task, optimizer=optimizer)
   with jax.set_mesh(mesh), nn.logical_axis_rules(rules):
-    abstract = jax.eval_shape(init_fn, jax.random.key(0))
+    abstract = jax.eval_shape(init_fn, abstract_key())
     shardings = sharding.logical_to_shardings(abstract, mesh, rules)
   unboxed = jax.tree.map(lambda x: x.unbox(apply_constraint=False)
                          if isinstance(x, nn.Partitioned) else x, abstract,
@@ -64,9 +70,9 @@ def make_program(settings: TrainSettings, task: Task, mesh) -> Program:
 
 def check_mesh(settings: TrainSettings, model_config, mesh) -> None:
   """The model's sharded dimensions and the batch sizes against the mesh, and its attention
-  kernel against the devices, before compiling."""
+  kernel against the mesh's devices (those compiled for), before compiling."""
   model.check_attention_impl(model_config.attention_impl, jnp.dtype(model_config.dtype).name,
-                             model_config.head_dim)
+                             model_config.head_dim, device=mesh.devices.flat[0])
   sharding.check_divisibility(model_config, dict(mesh.shape),
                               sharding.logical_rules(settings.mesh))
   check_batch_sizes(settings, mesh)
@@ -124,7 +130,7 @@ def compile_step(batch_size: int, task: Task, mesh, prog: Program,
   start = time.time()
   compiled = prog.train_step.lower(prog.sharded_abstract_state(),
                                    batch_spec(task, batch_size, mesh, grad_accum_steps),
-                                   jax.random.key(0)).compile()
+                                   abstract_key()).compile()
   log(f"Compiled the train step in {time.time() - start:.1f} s on {jax.device_count()} "
       f"devices, mesh {dict(mesh.shape)}")
   report = memory_report(compiled)
@@ -137,19 +143,3 @@ def compile_step(batch_size: int, task: Task, mesh, prog: Program,
     log(f"FLOPs per step: {batch_size * flops_per_example:.4g} (model count, all "
         f"devices); XLA's count {report['xla_flops_per_device']:.4g} per device")
   return compiled
-
-
-def compile_report(settings: TrainSettings, task: Task) -> dict[str, Any]:
-  """Compiles the train step of `settings` on this process's mesh against abstract shapes only
-  (nothing allocated, no data read) -> per-device memory and FLOPs, to tell before a long run
-  whether a config fits a chip."""
-  mesh = sharding.make_mesh(settings.mesh)
-  check_mesh(settings, task.model_config, mesh)
-  prog = make_program(settings, task, mesh)
-  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(settings.mesh)):
-    start = time.time()
-    compiled = compile_step(settings.batch_size, task, mesh, prog, lambda message: None,
-                            settings.step.grad_accum_steps)
-  return {"compile_seconds": time.time() - start, "devices": jax.device_count(),
-          "mesh": dict(mesh.shape), **memory_report(compiled),
-          "model_flops_per_step": settings.batch_size * (task.flops_per_example() or 0.0)}

@@ -175,7 +175,7 @@ def train(settings: TrainSettings, workdir: str, run: Run) -> dict[str, Any]:
         run.train_iter.set_state(json.loads(data_state))
       programs.compile_step(settings.batch_size, run.task, mesh, prog, writer.log,
                             settings.step.grad_accum_steps)
-      writer.log(model.attention_note(run.task.model_config))
+      writer.log(model.attention_note(run.task.model_config, run.task.seq_len))
       first_step = int(jax.device_get(state.step))
       reporter = Reporter(settings, run.task, writer, workdir, first_step)
       loop = _Loop(settings, run, prog, mesh, reporter, checkpointer, best_export, best,
