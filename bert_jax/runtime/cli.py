@@ -53,6 +53,12 @@ def define_compile_flags() -> None:
                       "v6e:2x2; empty: this process's devices.")
   flags.DEFINE_integer("num_slices", 1, "With --topology: that many slices joined over DCN "
                        "(multi-slice; config.mesh.dcn_data must match).")
+  if "--compile_only" in sys.argv and any(a.startswith("--topology=") for a in sys.argv):
+    # Before jax starts its backend: the slice's devices are abstract, this host's accelerator
+    # is not used, so the check runs beside a training on the same TPU VM (libtpu's lock file
+    # would refuse it) and on a host without one.
+    os.environ.setdefault("JAX_PLATFORMS", "cpu")
+    os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
 
 
 def compile_only_requested() -> bool:

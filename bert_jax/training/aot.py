@@ -99,6 +99,9 @@ def topology_target(name: str, num_slices: int = 1) -> Target:
   except ImportError:
     raise ValueError(f"--topology needs libtpu, the TPU compiler: {TPU_INSTALL}") from None
   from jax.experimental import topologies  # pylint: disable=import-outside-toplevel
+  # Compiling touches no chip: other processes may hold libtpu too (its lock file would refuse
+  # a second compile-only run, or one beside a training on a TPU VM).
+  os.environ.setdefault("ALLOW_MULTIPLE_LIBTPU_LOAD", "1")
   options = {"chip_config_name": "megacore"} if match.group(1) in _MEGACORE else {}
   if num_slices > 1:
     options["num_slices"] = num_slices

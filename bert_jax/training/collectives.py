@@ -12,7 +12,9 @@ the result for all-reduce, all-gather, all-to-all and collective-permute, the op
 x group size) for reduce-scatter. What a chip sends is the ring algorithm's share of that: 2(n-1)/n
 of it for an all-reduce over n chips, (n-1)/n for all-gather, reduce-scatter and all-to-all, all of
 it for a collective-permute. A group whose chips lie in different slices crosses the data-center
-network (DCN) instead of the chips' own links (ICI).
+network (DCN) instead of the chips' own links (ICI); so does what the compiler hands the
+multi-slice runtime (a `send` tagged `_xla_megascale_transfer_type`), a collective among the
+slices, each chip with its peer in every other slice.
 """
 
 import dataclasses
@@ -31,6 +33,10 @@ _ARRAY = re.compile(r"\b([a-z]+[0-9]*(?:e[0-9]m[0-9][a-z]*)?)\[([0-9,]*)\]")
 # (where its groups are written; the -done half is not counted again).
 _OP = re.compile(r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\s(" + "|".join(KINDS)
                  + r")(-start)?\(")
+# Across slices the TPU compiler hands a collective to the multi-slice (MegaScale) runtime as a
+# host-transfer send of the data (with a recv of the result), tagged with the collective's kind.
+_DCN_SEND = re.compile(r"^\s*(?:ROOT\s+)?%\S+\s*=\s*(.*?)\ssend\(.*"
+                       r"_xla_megascale_transfer_type=\"([A-Z_]+)\"")
 _COMPUTATION = re.compile(r"^(?:ENTRY\s+)?%(\S+)\s*\(.*\{\s*$")
 _CALLED = re.compile(r"(?:body|calls|to_apply|branch_computations|called_computations)="
                      r"(\{[^}]*\}|%[\w.\-]+)")
@@ -165,6 +171,16 @@ def collectives(hlo_text: str, partition_slices: Sequence[int]) -> dict:
         total["bytes"] += times * found.data_bytes
         key = "dcn_sent_bytes_per_chip" if crosses else "sent_bytes_per_chip"
         total[key] += times * found.sent_bytes
+      dcn = _DCN_SEND.match(line)
+      if dcn:
+        kind = dcn.group(2).lower().replace("_", "-")
+        slices = len(set(partition_slices))
+        found = Op(kind if kind in totals else "collective-permute",
+                   sum(_arrays(dcn.group(1), scalars=False)[:1]), slices, True)
+        total = totals[found.kind]
+        total["count"] += times
+        total["bytes"] += times * found.data_bytes
+        total["dcn_sent_bytes_per_chip"] += times * found.sent_bytes
       loop = _WHILE.search(line)
       if loop:
         trips = _trip_count(computations.get(loop.group(1), []))
