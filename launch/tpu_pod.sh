@@ -14,7 +14,7 @@
 #   gcloud compute tpus tpu-vm scp --zone=$ZONE --worker=all --recurse . $TPU_NAME:~/bert_jax
 # (leave out .venv: a copied one has no libtpu, and is refused). On first use each worker creates
 # ~/bert_jax/.venv with its own Python (>= 3.11: python3.13, 3.12, 3.11 or python3; or set PYTHON)
-# and installs requirements.txt with jax[tpu]. jax.distributed.initialize() finds the other workers
+# and installs bert_jax with its tpu extra (libtpu). jax.distributed.initialize() finds the others
 # by itself (--distributed); every worker runs the same command, reads its own shard of the data
 # and writes its share of each checkpoint. Only worker 0 logs.
 #
@@ -85,7 +85,7 @@ else
   fi
   [ -n \"\$py\" ] || { echo \"\$(hostname): error: no Python >= 3.11 on this worker (jax needs it): install one (e.g. sudo apt-get install python3.11 python3.11-venv) or set PYTHON\" >&2; exit 1; }
   \$py -m venv .venv
-  .venv/bin/pip install -q -e . 'jax[tpu]==0.10.2'
+  .venv/bin/pip install -q -e '.[tpu]'
 fi
 if [ -e tpu_pod.pid ] && kill -0 \"\$(cat tpu_pod.pid)\" 2>/dev/null; then
   echo \"\$(hostname): error: a run is going on here (pid \$(cat tpu_pod.pid)); stop it with launch/tpu_pod.sh --stop\" >&2; exit 1

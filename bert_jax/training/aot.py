@@ -277,7 +277,8 @@ def report(settings: TrainSettings, task: Task, target: Target) -> dict[str, Any
     memory.update({name: {**memory[name], "total_gib": value} for name, value in needs.items()})
   flops_per_example = task.flops_per_example()
   step_flops = settings.batch_size * flops_per_example if flops_per_example else None
-  hlo = compiled["train"][0].as_text()
+  texts = {name: program.as_text() for name, (program, _) in compiled.items()}
+  hlo = texts["train"]
   slices = [getattr(d, "slice_index", 0) or 0 for d in mesh.devices.flat]
   found = collectives.collectives(hlo, slices)
   result = {
@@ -292,7 +293,10 @@ def report(settings: TrainSettings, task: Task, target: Target) -> dict[str, Any
       "model_flops_per_chip": step_flops / len(target.devices) if step_flops else None,
       "collectives": {kind: {"count": v["count"], "bytes": v["bytes"]}
                       for kind, v in found.items() if kind in collectives.KINDS},
-      "collective_unknown_trip_counts": len(found["unknown_trip_counts"])}
+      "collective_unknown_trip_counts": len(found["unknown_trip_counts"]),
+      # Pallas kernels compiled by Mosaic (splash attention on a TPU) per program.
+      "mosaic_kernels": {name: text.count('custom_call_target="tpu_custom_call"')
+                         for name, text in texts.items()}}
   result.update(estimate(target, step_flops, train, found))
   return result
 
