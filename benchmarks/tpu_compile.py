@@ -4,10 +4,11 @@ one subprocess per compile: the user's own command), with
 
 - the report at the config's own batch (memory per chip, fits, compile time, collective bytes,
   the estimated step-time bound and MFU ceiling);
-- the largest per-chip batch that fits (a search: memory is close to linear in the batch, so two
-  compiles give a line, its crossing of the chip's HBM a candidate, and compiles at and one step
-  above the candidate confirm it; the step is 1/8 of the candidate's power of two, so the answer
-  is the largest that fits to within that step);
+- the largest per-chip batch that fits (a search: memory is close to linear in the batch, so the
+  own-batch report (its state against the rest) or two compiles give a line, its crossing of the
+  chip's HBM a candidate, and compiles at and one step above the candidate confirm it; the step
+  is 1/8 of the candidate's power of two, so the answer is the largest that fits to within that
+  step; on a second slice of the same chip the first slice's answer is the first candidate);
 - `--variants`: the mesh layouts (data / fsdp / tensor) and bf16 compute that change the answer,
   on the first target; `--multislice`: one config on two slices over DCN.
 
@@ -128,12 +129,25 @@ def step_of(batch: int, divisor: int) -> int:
   return math.lcm(max(1, 2 ** (max(1, batch).bit_length() - 1 - 3)), divisor)
 
 
+def first_guess(report: dict, per_chip: int) -> float:
+  """The per-chip batch where memory would reach the chip's HBM, from one report: the state (the
+  train step's arguments) stays, the rest grows with the batch. A refused compile gives its
+  temporaries alone (a lower bound), so its guess is scaled down."""
+  hbm, total = report["hbm_gib"], report["per_device_gib"]
+  if not report["fits"] and "train_arguments_gib" not in report:
+    return per_chip * hbm / total * 0.85
+  state = report["train_arguments_gib"]
+  return per_chip * (hbm - state) / max(total - state, 1e-9)
+
+
 def search(rows: Rows, config: str, topology: str, base: tuple[str, ...], chips: int,
-           divisor: int, start: int, max_compiles: int = 10) -> dict:
-  """The largest per-chip batch b (train = eval batch = b x chips) that fits: memory is close
-  to linear in the batch, so the line through the two measured points nearest the chip's HBM
-  gives the next candidate (rounded down to its step); it ends when b fits and b + step does
-  not. -> {"max_batch_per_chip", "step", "per_device_gib", "compiles"}."""
+           divisor: int, start: int, own: dict | None = None, hint: int | None = None,
+           max_compiles: int = 8) -> dict:
+  """The largest per-chip batch b (train = eval batch = b x chips) that fits. Memory is close
+  to linear in the batch: the first candidate comes from the own-batch report (`first_guess`)
+  or from `hint` (the answer on another slice of the same chip), then the line through the two
+  measured points nearest the chip's HBM; it ends when b fits and b + step does not (step:
+  `step_of`). -> {"max_batch_per_chip", "step", "per_device_gib", "compiles"}."""
   measured: dict[int, dict] = {}
 
   def measure(per_chip: int) -> None:
@@ -147,31 +161,44 @@ def search(rows: Rows, config: str, topology: str, base: tuple[str, ...], chips:
     step = step_of(value, divisor)
     return max(divisor, value // step * step)
 
-  measure(on_grid(start))
+  if hint:
+    measure(hint)
+  else:
+    guess = first_guess(own["report"], start) if own and own.get("report") else start
+    measure(on_grid(guess))
   while len(measured) < max_compiles:
     if any(_fits(r) is None for r in measured.values()):
       bad = next(r for r in measured.values() if _fits(r) is None)
       return {"max_batch_per_chip": None, "error": bad.get("error"), "compiles": len(measured)}
     low = max((b for b, r in measured.items() if _fits(r)), default=None)
     high = min((b for b, r in measured.items() if not _fits(r)), default=None)
+    if low is None and high == divisor:  # Not even the smallest batch fits.
+      return {"max_batch_per_chip": 0, "step": divisor, "per_device_gib": None,
+              "compiles": len(measured)}
     if low is not None and high is not None and high - low <= step_of(low, divisor):
       return {"max_batch_per_chip": low, "step": step_of(low, divisor),
               "per_device_gib": _gib(measured[low]), "compiles": len(measured)}
-    hbm = next(iter(measured.values()))["report"]["hbm_gib"]
-    points = sorted(measured.items(), key=lambda item: abs(_gib(item[1]) - hbm))[:2]
-    guess = None
-    if len(points) == 2 and points[0][0] != points[1][0]:
-      (b1, r1), (b2, r2) = points
-      slope = (_gib(r2) - _gib(r1)) / (b2 - b1)
-      if slope > 0:
-        guess = b1 + (hbm - _gib(r1)) / slope
-    if guess is None:  # One point: double up, or halve down.
-      guess = low * 2 if high is None else max(divisor, high / 2)
-    candidate = on_grid(guess)
-    if low is not None:
-      candidate = max(candidate, low + step_of(low, divisor))
-    if high is not None and candidate >= high:
-      candidate = on_grid(((low or 0) + high) / 2)
+    if low is not None and high is None and len(measured) == 1:
+      candidate = low + step_of(low, divisor)  # Confirm the guess: one step above.
+    else:
+      hbm = next(iter(measured.values()))["report"]["hbm_gib"]
+      points = sorted(measured.items(), key=lambda item: abs(_gib(item[1]) - hbm))[:2]
+      guess = None
+      if len(points) == 2:
+        (b1, r1), (b2, r2) = points
+        slope = (_gib(r2) - _gib(r1)) / (b2 - b1)
+        if slope > 0:
+          guess = b1 + (hbm - _gib(r1)) / slope
+      if guess is None:  # No line: from the nearest point's report.
+        b1, r1 = points[0]
+        guess = first_guess(r1["report"], b1)
+      candidate = on_grid(guess)
+      if low is not None:
+        candidate = max(candidate, low + step_of(low, divisor))
+      if high is not None and candidate >= high:
+        candidate = on_grid(((low or 0) + high) / 2)
+        if low is not None and candidate <= low:
+          candidate = low + step_of(low, divisor)
     if candidate in measured or (low is not None and candidate <= low):
       break
     measure(candidate)
@@ -181,7 +208,7 @@ def search(rows: Rows, config: str, topology: str, base: tuple[str, ...], chips:
 
 
 def pair(rows: Rows, config: str, topology: str, base: tuple[str, ...] = (),
-         do_search: bool = True) -> dict:
+         do_search: bool = True, hint: int | None = None) -> dict:
   """The report at the config's own batch and, with `do_search`, the largest batch."""
   own = rows.get(config, topology, base, purpose="own")
   report = own.get("report", {})
@@ -190,7 +217,7 @@ def pair(rows: Rows, config: str, topology: str, base: tuple[str, ...] = (),
     return summary
   chips = report["devices"]  # A per-chip batch b is b x chips rows: whole for any layout.
   start = max(1, report["batch_size"] // chips)
-  summary["search"] = search(rows, config, topology, base, chips, 1, start)
+  summary["search"] = search(rows, config, topology, base, chips, 1, start, own, hint)
   return summary
 
 
@@ -249,9 +276,16 @@ def main() -> None:
     table(rows)
     return
   configs, targets = args.configs.split(","), args.targets.split(",")
+  # Data parallel on one chip kind: a per-chip batch costs the same memory on any slice, so an
+  # answer on one slice is the first candidate on the next slice of that chip (then confirmed).
+  answers: dict[tuple[str, str], int] = {}
   for topology in targets:
     for config in configs:
-      pair(rows, config, topology, do_search=not args.no_search)
+      found = pair(rows, config, topology, do_search=not args.no_search,
+                   hint=answers.get((config, topology.split(":")[0])))
+      best = found.get("search", {}).get("max_batch_per_chip")
+      if best:
+        answers[(config, topology.split(":")[0])] = best
   if args.variants:
     for config in configs:
       for _, overrides in VARIANTS:
