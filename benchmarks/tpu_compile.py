@@ -226,13 +226,23 @@ def table(rows: Rows) -> None:
   def fmt(value, digits=2):
     return "-" if value is None else f"{value:.{digits}f}"
   own = [r for r in rows.rows if r["purpose"] == "own"]
-  searched = {}
+  tried: dict[tuple, dict[int, bool]] = {}  # (config, topology, variant) -> {per chip: fits}
   for r in rows.rows:
     if r["purpose"] == "search" and "report" in r:
       base = [o for o in r["overrides"] if "batch_size" not in o]
       key = (r["config"], r["topology"], json.dumps(base))
-      if r["report"]["fits"]:
-        searched[key] = max(searched.get(key, 0), r["report"]["batch_per_chip"])
+      tried.setdefault(key, {})[int(r["report"]["batch_per_chip"])] = bool(r["report"]["fits"])
+
+  def largest(key) -> str:
+    """The search's answer: b when b fits and b + step does not; ">= b" before that is shown."""
+    if key not in tried:
+      return "not searched"
+    fit = [b for b, ok in tried[key].items() if ok]
+    if not fit:
+      return "0" if tried[key].get(1) is False else "not found"
+    best = max(fit)
+    confirmed = any(not ok and best < b <= best + step_of(best, 1) for b, ok in tried[key].items())
+    return str(best) if confirmed else f">= {best}"
   print("| config | target | mesh | batch (per chip) | GiB per chip / HBM | fits | largest batch "
         "per chip that fits | compile s | collective GB per step (ICI sent / chip) | "
         "est. step bound ms (by) | est. MFU ceiling |")
@@ -247,13 +257,13 @@ def table(rows: Rows) -> None:
             " - | - | - | - | - |")
       continue
     mesh = "x".join(str(rep["mesh"][a]) for a in ("data", "fsdp", "tensor"))
-    best = searched.get((r["config"], r["topology"], json.dumps(r["overrides"])))
+    best = largest((r["config"], r["topology"], json.dumps(r["overrides"])))
     total = sum(v["bytes"] for v in rep.get("collectives", {}).values()) / 1e9
     sent = (rep.get("estimated_ici_bytes_per_chip") or 0) / 1e9
     bound = rep.get("estimated_step_seconds_lower_bound")
     print(f"| {name} | {r['topology']} | {mesh} | {rep['batch_size']} ({rep['batch_per_chip']:g}) "
           f"| {fmt(rep['per_device_gib'])} / {fmt(rep['hbm_gib'])} | {rep['fits']} | "
-          f"{best if best else '-'} | {fmt(rep.get('compile_seconds'), 0)} | "
+          f"{best} | {fmt(rep.get('compile_seconds'), 0)} | "
           f"{fmt(total if rep.get('collectives') else None)} ({fmt(sent if bound else None)}) | "
           f"{fmt(bound * 1e3 if bound else None, 1)} ({rep.get('estimated_bound_by', '-')}) | "
           f"{fmt(rep.get('estimated_mfu_ceiling'))} |")
