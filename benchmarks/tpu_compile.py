@@ -19,7 +19,7 @@ the rows. Compile-only: nothing here is a measured speed (docs/tpu.md, "estimate
 Run:
   .venv/bin/pip install -e '.[tpu]'
   .venv/bin/python benchmarks/tpu_compile.py --output=benchmarks/results/tpu_compile.jsonl
-  .venv/bin/python benchmarks/tpu_compile.py --variants --multislice \
+  .venv/bin/python benchmarks/tpu_compile.py --variants --multislice --examples \
       --output=benchmarks/results/tpu_compile.jsonl
   .venv/bin/python benchmarks/tpu_compile.py --table --output=benchmarks/results/tpu_compile.jsonl
 """
@@ -51,6 +51,10 @@ VARIANTS = (
                    "--config.mesh.fsdp=-1")),
 )
 MULTISLICE = ("base", "v5e:4x4", 2)  # Config, slice, slices: the data axis across them.
+# The slices and batches the docs' own examples name: launch/tpu_pod.sh (a v4-32 is v4:2x2x4)
+# and docs/tpu.md (a v5e-16).
+EXAMPLES = (("base", "v4:2x2x4", ("--config.train.batch_size=1024",)),
+            ("base", "v5e:4x4", ("--config.train.batch_size=1024",)))
 TIMEOUT = 3600
 
 
@@ -277,6 +281,7 @@ def main() -> None:
   parser.add_argument("--variants", action="store_true",
                       help="VARIANTS of each config on the first target (with the search).")
   parser.add_argument("--multislice", action="store_true", help="The MULTISLICE row.")
+  parser.add_argument("--examples", action="store_true", help="The EXAMPLES rows.")
   parser.add_argument("--table", action="store_true", help="Print the tables from --output.")
   parser.add_argument("--output", default=os.path.join(REPO, "benchmarks", "results",
                                                        "tpu_compile.jsonl"))
@@ -303,6 +308,9 @@ def main() -> None:
   if args.multislice:
     config, topology, slices = MULTISLICE
     rows.get(config, topology, ("--config.mesh.dcn_data=2",), slices, purpose="own")
+  if args.examples:
+    for config, topology, overrides in EXAMPLES:
+      rows.get(config, topology, overrides, purpose="own")
 
 
 if __name__ == "__main__":
