@@ -42,13 +42,14 @@ os.environ["PYTHONPATH"] = os.pathsep.join(
 # suite's `--durations` (longest first), then the rest in name order. Reorder from a fresh
 # `--durations=0` when a file's weight changes a lot.
 HEAVIEST_FILES = (
-    "test_train_e2e.py", "test_modern_encoder.py", "test_finetune.py", "test_cloud_workdir.py",
-    "test_multihost.py", "test_beir.py", "test_embedding.py", "test_rtd.py",
-    "test_interop_modern.py",
-    "test_beam_prepare.py", "test_optimizer.py", "test_train_step.py", "test_model.py",
-    "test_downstream.py", "test_interop.py", "test_convert_predict_guards.py",
-    "test_task_extension.py", "test_pipeline.py", "test_mesh_sweep.py", "test_hf_heads.py",
-    "test_contrastive.py")
+    "test_train_e2e.py", "test_multihost.py", "test_cloud_workdir.py", "test_rtd.py",
+    "test_diffusion.py", "test_finetune.py", "test_modern_encoder.py", "test_tpu_compile.py",
+    "test_embedding.py", "test_beir.py", "test_optimizer.py", "test_interop.py",
+    "test_downstream.py", "test_beam_prepare.py", "test_model.py", "test_interop_modern.py",
+    "test_convert_predict_guards.py", "test_task_extension.py", "test_train_step.py",
+    "test_dropout.py", "test_contrastive.py", "test_diffusion_sft.py", "test_squad2.py",
+    "test_hf_heads.py", "test_splash_attention.py", "test_mesh_sweep.py", "test_two_phase.py",
+    "test_pipeline.py")
 
 
 # End-to-end files: they start launchers or other processes (hosts, emulators, Beam workers) or
@@ -60,7 +61,7 @@ E2E_FILES = (
     "test_convert_predict_guards.py", "test_data_guards.py", "test_mesh_sweep.py",
     "test_cloud_storage.py", "test_launchers.py", "test_docs.py", "test_interop.py",
     "test_interop_modern.py", "test_hf_heads.py", "test_layout.py", "test_train_step.py",
-    "test_pipeline.py", "test_sentence_transformers.py", "test_beir.py")
+    "test_pipeline.py", "test_sentence_transformers.py", "test_beir.py", "test_tpu_compile.py")
 # Single end-to-end tests in otherwise unit files: many steps against a reference.
 E2E_TESTS = (
     "test_optimizer.py::test_lamb_trust_ratio_is_per_layer_of_the_stacked_encoder",
