@@ -229,7 +229,11 @@ def table(rows: Rows) -> None:
   """docs/scale_out.md's tables from the rows."""
   def fmt(value, digits=2):
     return "-" if value is None else f"{value:.{digits}f}"
-  own = [r for r in rows.rows if r["purpose"] == "own"]
+  def order(r):  # TARGETS then CONFIGS; variants, examples and multi-slice after.
+    target = TARGETS.index(r["topology"]) if r["topology"] in TARGETS else len(TARGETS)
+    config = CONFIGS.index(r["config"]) if r["config"] in CONFIGS else len(CONFIGS)
+    return (bool(r["overrides"]) or r["num_slices"] > 1, target, config, r["overrides"])
+  own = sorted((r for r in rows.rows if r["purpose"] == "own"), key=order)
   tried: dict[tuple, dict[int, bool]] = {}  # (config, topology, variant) -> {per chip: fits}
   for r in rows.rows:
     if r["purpose"] == "search" and "report" in r:
