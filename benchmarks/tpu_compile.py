@@ -51,10 +51,11 @@ VARIANTS = (
                    "--config.mesh.fsdp=-1")),
 )
 MULTISLICE = ("base", "v5e:4x4", 2)  # Config, slice, slices: the data axis across them.
-# The slices and batches the docs' own examples name: launch/tpu_pod.sh (a v4-32 is v4:2x2x4)
-# and docs/tpu.md (a v5e-16).
+# The slices and batches the docs' own examples name: launch/tpu_pod.sh (a v4-32 is v4:2x2x4),
+# docs/tpu.md (a v5e-16), and the ModernBERT recipe's 4608 x 1024 on a pod in two microbatches.
 EXAMPLES = (("base", "v4:2x2x4", ("--config.train.batch_size=1024",)),
-            ("base", "v5e:4x4", ("--config.train.batch_size=1024",)))
+            ("base", "v5e:4x4", ("--config.train.batch_size=1024",)),
+            ("modern_base", "v5e:16x16", ("--config.train.grad_accum_steps=2",)))
 TIMEOUT = 3600
 
 
