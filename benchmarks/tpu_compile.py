@@ -262,7 +262,7 @@ def table(rows: Rows) -> None:
     name = r["config"] + (f" ({variant})" if variant else "") + (
         f" x {r['num_slices']} slices" if r["num_slices"] > 1 else "")
     if not rep:
-      print(f"| {name} | {r['topology']} | - | - | - | error: {r.get('error', '')[:90]} |"
+      print(f"| {name} | {r['topology']} | - | - | - | error: {r.get('error', '').removeprefix('error: ')[:110]} |"
             " - | - | - | - | - |")
       continue
     mesh = "x".join(str(rep["mesh"][a]) for a in ("data", "fsdp", "tensor"))
