@@ -7,6 +7,13 @@ clipping, with a warmup-stable-decay schedule.
 
 Everything not set here comes from configs/base.py (exact BERT stays that file's default).
 
+The step is ModernBERT's 4,608 rows of 1,024 tokens. In one pass it fits no TPU slice up to 256
+v5e chips (a v5e chip holds 12 rows); a v5e:16x16 runs it with
+--config.train.grad_accum_steps=2 (14.47 GiB per chip). Check a slice before renting it:
+  python launch/train.py --config=configs/modern_base.py --compile_only --topology=v5e:16x16 \
+      --config.train.grad_accum_steps=2
+(docs/tpu.md; the table per config and slice is in docs/scale_out.md).
+
 Run:
   python launch/prepare_data.py --input='corpus/*.txt' --output_dir=data/modern \
       --objective=mlm --max_seq_length=1024 --vocab_size=50368

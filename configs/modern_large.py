@@ -1,6 +1,7 @@
 """The modern encoder, large size (ModernBERT-large's shape): 28 layers, width 1024, 16 heads,
 GeGLU MLP (2624 per half); the recipe as configs/modern_base.py (ModernBERT-large's peak
-learning rate, 5e-4).
+learning rate, 5e-4). Its 4,608 rows of 1,024 tokens need microbatches on TPUs (a v5e chip holds 4
+rows): check a slice with --compile_only --topology=... (docs/tpu.md).
 
 Run:
   python launch/train.py --config=configs/modern_large.py --workdir=runs/modern_large \
