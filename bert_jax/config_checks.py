@@ -382,7 +382,8 @@ PRETRAINING_RULES: dict[str, Check] = {
     "masking.stage_rates": fractions(low_open=True),
     "masking.stage_starts": fractions(low_open=False),
     "diffusion.schedule": one_of(diffusion.SCHEDULES),
-    "diffusion.eval_points": integer(0, "0: no held-out bound", high=1024),
+    "diffusion.eval_points": integer(-1, "0: no held-out bound, -1: 8 for objective diffusion, "
+                                     "0 otherwise", high=1024),
     **_TRAIN_RULES,
     "train.eval_max_batches": integer(0, "0: the whole validation split"),
     **_MESH_RULES,

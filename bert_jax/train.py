@@ -22,6 +22,7 @@ from bert_jax.objectives.masking import MaskingConfig
 from bert_jax.models import rtd as rtd_model
 from bert_jax.models.model import BertConfig
 from bert_jax.objectives.diffusion import DiffusionSettings
+from bert_jax.objectives.diffusion import eval_points as diffusion_eval_points
 from bert_jax.tasks import PretrainingTask
 from bert_jax.tasks.diffusion import DiffusionTask
 from bert_jax.tasks.rtd import RtdSettings, RtdTask
@@ -101,8 +102,8 @@ def pretraining_task(config, model_config: BertConfig, meta: dict | None) -> Pre
                 span_warmup_steps=config.data.span_warmup_steps,
                 span_warmup_start=config.data.span_warmup_start,
                 rate_stages=rate_stages(config.masking, config.train.num_train_steps),
-                diffusion=DiffusionSettings(config.diffusion.schedule,
-                                            config.diffusion.eval_points))
+                diffusion=DiffusionSettings(config.diffusion.schedule, diffusion_eval_points(
+                    config.diffusion.eval_points, config.data.objective)))
   shape = (model_config, masking, config.data.max_seq_length, examples_per_row(config))
   if config.data.objective == "diffusion":
     return DiffusionTask(*shape, **{**common, "rate_stages": ()})

@@ -97,7 +97,7 @@ def get_config() -> ml_collections.ConfigDict:
   config.diffusion = ml_collections.ConfigDict()
   config.diffusion.schedule = pretraining.diffusion.schedule  # "linear" or "loglinear" (base.py).
   # Points of the fixed grid of t the validation bound (elbo_nats_per_token) is taken over.
-  config.diffusion.eval_points = pretraining.diffusion.eval_points
+  config.diffusion.eval_points = 8
 
   # ---------------------------------------------------------------- train
   # bert_adamw and the "bert" schedule, as run_classifier.py / run_squad.py.

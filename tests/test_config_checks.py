@@ -157,7 +157,7 @@ PRETRAINING_BAD = _SHARED_BAD + [
     ("rtd.generator_heads", -1), ("rtd.embedding_sharing", "tied"), ("rtd.disc_weight", -1.0), ("rtd.temperature", 0.0),
     ("masking.rate_schedule", "mmbert"), ("masking.stage_rates", (0.3, 0.0)),
     ("masking.stage_rates", ()), ("masking.stage_starts", (0.0, 1.5)),
-    ("diffusion.schedule", "cosine"), ("diffusion.eval_points", -1),
+    ("diffusion.schedule", "cosine"), ("diffusion.eval_points", -2),
     ("train.num_train_steps", 0),
     ("data.span_warmup_steps", -1), ("data.span_warmup_start", 0),
     ("model.classifier_pooling", "auto"),  # Fine-tuning's only: "the checkpoint's".

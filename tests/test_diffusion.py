@@ -232,6 +232,36 @@ def test_elbo_grid_is_fixed_and_bounds_a_uniform_model():
   assert float(trained_like["elbo_tokens"]) == 64 * 30
 
 
+def test_the_bound_is_on_for_diffusion_and_asked_for_by_mlm():
+  """config.diffusion.eval_points=-1 (the default): the diffusion objective reports the bound on
+  8 points; MLM evaluates with one forward pass per batch (the bound cost 40x on tiny.py) unless
+  a number of points is given."""
+  from bert_jax import train  # pylint: disable=import-outside-toplevel
+  from configs import tiny  # pylint: disable=import-outside-toplevel
+
+  def task(objective: str, points: int | None = None):
+    config = tiny.get_config()
+    config.data.objective = objective
+    if points is not None:
+      config.diffusion.eval_points = points
+    return train.pretraining_task(config, BertConfig.from_config(config.model), None)
+
+  assert tiny.get_config().diffusion.eval_points == -1
+  assert task("diffusion").diffusion.eval_points == diffusion.DEFAULT_EVAL_POINTS == 8
+  assert task("diffusion", 0).diffusion.eval_points == 0
+  assert task("mlm_nsp").diffusion.eval_points == task("mlm").diffusion.eval_points == 0
+  assert task("mlm", 4).diffusion.eval_points == 4
+  rows = _rows(2, 16)
+  batch = {"input_ids": rows, "segment_ids": (rows != PAD).astype(np.int32),
+           "position_ids": np.tile(np.arange(16), (2, 1)), "token_type_ids": np.zeros_like(rows),
+           "cls_positions": np.zeros((2, 1), np.int32),
+           "next_sentence_label": np.zeros((2, 1), np.int32),
+           "nsp_weights": np.zeros((2, 1), np.float32), "example_weight": np.ones(2, np.float32)}
+  plain = task("mlm").prepare_eval(batch, jax.random.key(0))
+  assert "clean_input_ids" not in plain and "eval_key" not in plain
+  assert "clean_input_ids" in task("mlm", 4).prepare_eval(batch, jax.random.key(0))
+
+
 def test_settings_refuse_unknown_schedule():
   with pytest.raises(ValueError, match="config.diffusion.schedule='cosine': use one of"):
     diffusion.DiffusionSettings("cosine")

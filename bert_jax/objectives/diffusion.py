@@ -38,11 +38,22 @@ NEG_INF = -1e9  # Logit of a token the model never proposes.
 TIME_STREAM = 0x54494D45  # fold_in of the masking key: the examples' times ("TIME").
 
 
+DEFAULT_EVAL_POINTS = 8  # config.diffusion.eval_points=-1 for objective diffusion.
+
+
+def eval_points(configured: int, objective: str) -> int:
+  """config.diffusion.eval_points as the run uses it: -1 is DEFAULT_EVAL_POINTS for objective
+  "diffusion" and 0 (no held-out bound: one forward pass per evaluation batch) for the others."""
+  if configured >= 0:
+    return configured
+  return DEFAULT_EVAL_POINTS if objective == "diffusion" else 0
+
+
 @dataclasses.dataclass(frozen=True)
 class DiffusionSettings:
   """config.diffusion, checked (`config_checks`); hashable (a static part of the step)."""
   schedule: str = "linear"  # One of SCHEDULES.
-  eval_points: int = 8  # Grid of t for the held-out bound; 0: no bound.
+  eval_points: int = DEFAULT_EVAL_POINTS  # Grid of t for the held-out bound; 0: no bound.
 
   def __post_init__(self):
     if self.schedule not in SCHEDULES:
