@@ -148,6 +148,37 @@ def test_collectives_of_known_programs(v5e):
   assert found["all-gather"]["bytes"] == found["all-gather"]["count"] * 256 * 512 * 4
 
 
+def test_a_persistent_cache_neither_warns_nor_stands_in_for_a_compile(v5e, tmp_path):
+  """JAX_COMPILATION_CACHE_DIR (set on many TPU VMs, and by this suite) cannot load what was
+  compiled for abstract devices: jax warns on every such program's second compile. The reports'
+  compiles bypass the cache; the host's programs use it again afterwards."""
+  import warnings  # pylint: disable=import-outside-toplevel
+  from jax._src import compilation_cache as cache_state  # pylint: disable=import-outside-toplevel
+
+  def compile_twice():
+    for _ in range(2):
+      _compile_on(v5e, (4,), lambda x: jnp.sum(x * 3.0, axis=0),
+                  ((4, 256), jnp.float32, PartitionSpec("x", None)))
+
+  previous = jax.config.jax_compilation_cache_dir
+  jax.config.update("jax_compilation_cache_dir", str(tmp_path))
+  cache_state.reset_cache()
+  try:
+    with warnings.catch_warnings(record=True) as caught:
+      warnings.simplefilter("always")
+      compile_twice()  # Without the guard: the fault.
+    assert any("Error reading persistent compilation cache" in str(w.message) for w in caught)
+    with warnings.catch_warnings():
+      warnings.simplefilter("error")
+      with aot._without_persistent_cache():  # pylint: disable=protected-access
+        compile_twice()
+    jax.jit(lambda x: x * 5.0)(jnp.ones(3))  # A host program after it: cached again.
+    assert cache_state.is_cache_used(jax.devices()[0].client)
+  finally:
+    jax.config.update("jax_compilation_cache_dir", previous)
+    cache_state.reset_cache()
+
+
 def test_replica_group_notations():
   assert collectives.replica_groups("replica_groups={{0,1},{2,3}}, x", 4) == [[0, 1], [2, 3]]
   assert collectives.replica_groups("replica_groups=[2,2]<=[4], x", 4) == [[0, 1], [2, 3]]

@@ -15,6 +15,7 @@ step time from FLOPs against the chip's peak and bytes against its HBM, ICI and 
 (`estimated_*`: arithmetic on public figures, never a measurement; docs/tpu.md gives the method).
 """
 
+import contextlib
 import dataclasses
 import os
 import re
@@ -24,6 +25,7 @@ from typing import Any, Sequence
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+from jax.experimental.compilation_cache import compilation_cache
 
 from bert_jax.models import flops, model
 from bert_jax.tasks.base import Task
@@ -213,13 +215,31 @@ def _memory(compiled) -> dict[str, float]:
           "code_gib": memory.generated_code_size_in_bytes / GIB}
 
 
+@contextlib.contextmanager
+def _without_persistent_cache():
+  """jax's persistent compilation cache off (JAX_COMPILATION_CACHE_DIR, often set on TPU VMs):
+  it cannot load an executable compiled for a topology's abstract devices (jax warns once per
+  program), and a report's compile seconds are a compile's, not a cache read's.
+  jax decides once per process whether the cache is used: that decision is reset on both sides."""
+  enabled = jax.config.jax_enable_compilation_cache
+  jax.config.update("jax_enable_compilation_cache", False)
+  compilation_cache.reset_cache()
+  try:
+    yield
+  finally:
+    jax.config.update("jax_enable_compilation_cache", enabled)
+    compilation_cache.reset_cache()
+
+
 def compile_programs(settings: TrainSettings, task: Task, mesh) -> dict[str, Any]:
-  """The init, train and eval steps compiled for `mesh`'s devices -> {program: (compiled,
-  seconds)}. Raises `DoesNotFit` when the compiler runs out of memory."""
+  """The init, train and eval steps compiled for `mesh`'s devices, never read from the
+  persistent cache -> {program: (compiled, seconds)}. Raises `DoesNotFit` when the compiler
+  runs out of memory."""
   prog = programs.make_program(settings, task, mesh)
   key = programs.abstract_key()
   compiled = {}
-  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(settings.mesh)):
+  with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(settings.mesh)), \
+      _without_persistent_cache():
     state = prog.sharded_abstract_state()
     lowerings = {
         "init": lambda: prog.init.lower(key),
