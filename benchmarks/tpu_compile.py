@@ -4,7 +4,10 @@ one subprocess per compile: the user's own command), with
 
 - the report at the config's own batch (memory per chip, fits, compile time, collective bytes,
   the estimated step-time bound and MFU ceiling);
-- the largest per-chip batch that fits (a search: memory is close to linear in the batch, so the
+- the largest per-chip train batch that fits (a search, compiling the train step alone
+  (`--compile_steps=train`: the eval step at the same batch needs less, and the init step does
+  not grow with the batch); rows marked * come from an earlier search that compiled all three
+  steps at eval batch = train batch. Memory is close to linear in the batch, so the
   own-batch report (its state against the rest) or two compiles give a line, its crossing of the
   chip's HBM a candidate, and compiles at and one step above the candidate confirm it; the step
   is 1/8 of the candidate's power of two, so the answer is the largest that fits to within that
@@ -157,9 +160,9 @@ def search(rows: Rows, config: str, topology: str, base: tuple[str, ...], chips:
 
   def measure(per_chip: int) -> None:
     batch = per_chip * chips
-    measured[per_chip] = rows.get(
-        config, topology, (*base, f"--config.train.batch_size={batch}",
-                           f"--config.train.eval_batch_size={batch}"), purpose="search")
+    measured[per_chip] = rows.get(  # The train step alone (its eval step needs less).
+        config, topology, (*base, f"--config.train.batch_size={batch}", "--compile_steps=train"),
+        purpose="search")
 
   def on_grid(value: float) -> int:
     value = max(divisor, int(value))
@@ -235,23 +238,31 @@ def table(rows: Rows) -> None:
     config = CONFIGS.index(r["config"]) if r["config"] in CONFIGS else len(CONFIGS)
     return (bool(r["overrides"]) or r["num_slices"] > 1, target, config, r["overrides"])
   own = sorted((r for r in rows.rows if r["purpose"] == "own"), key=order)
-  tried: dict[tuple, dict[int, bool]] = {}  # (config, topology, variant) -> {per chip: fits}
+  # (config, topology, variant) -> {per chip: fits}, of the train step alone, or (marked "*")
+  # of an earlier search that compiled all three steps at eval batch = train batch.
+  tried: dict[tuple, dict[int, bool]] = {}
   for r in rows.rows:
     if r["purpose"] == "search" and "report" in r:
-      base = [o for o in r["overrides"] if "batch_size" not in o]
-      key = (r["config"], r["topology"], json.dumps(base))
+      base = [o for o in r["overrides"] if "batch_size" not in o and "compile_steps" not in o]
+      key = (r["config"], r["topology"], json.dumps(base),
+             "--compile_steps=train" not in r["overrides"])
       tried.setdefault(key, {})[int(r["report"]["batch_per_chip"])] = bool(r["report"]["fits"])
 
   def largest(key) -> str:
     """The search's answer: b when b fits and b + step does not; ">= b" before that is shown."""
-    if key not in tried:
+    mark = ""
+    if key + (False,) in tried:
+      found = tried[key + (False,)]
+    elif key + (True,) in tried:
+      found, mark = tried[key + (True,)], "*"
+    else:
       return "not searched"
-    fit = [b for b, ok in tried[key].items() if ok]
+    fit = [b for b, ok in found.items() if ok]
     if not fit:
-      return "0" if tried[key].get(1) is False else "not found"
+      return ("0" if found.get(1) is False else "not found") + mark
     best = max(fit)
-    confirmed = any(not ok and best < b <= best + step_of(best, 1) for b, ok in tried[key].items())
-    return str(best) if confirmed else f">= {best}"
+    confirmed = any(not ok and best < b <= best + step_of(best, 1) for b, ok in found.items())
+    return (str(best) if confirmed else f">= {best}") + mark
   print("| config | target | mesh | batch (per chip) | GiB per chip / HBM | fits | largest batch "
         "per chip that fits | compile s | collective GB per step (ICI sent / chip) | "
         "est. step bound ms (by) | est. MFU ceiling |")
@@ -278,6 +289,18 @@ def table(rows: Rows) -> None:
           f"{fmt(rep.get('estimated_mfu_ceiling'))} |")
 
 
+def earlier_answers(rows: Rows) -> dict[tuple[str, str], int]:
+  """(config, chip family) -> the largest per-chip batch that an earlier search (all three
+  steps compiled, no variant) found to fit: the first candidate of the train-step search."""
+  answers: dict[tuple[str, str], int] = {}
+  for r in rows.rows:
+    base = [o for o in r["overrides"] if "batch_size" not in o]
+    if r["purpose"] == "search" and not base and r.get("report", {}).get("fits"):
+      key = (r["config"], r["topology"].split(":")[0])
+      answers[key] = max(answers.get(key, 0), int(r["report"]["batch_per_chip"]))
+  return answers
+
+
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--configs", default=",".join(CONFIGS))
@@ -298,7 +321,7 @@ def main() -> None:
   configs, targets = args.configs.split(","), args.targets.split(",")
   # Data parallel on one chip kind: a per-chip batch costs the same memory on any slice, so an
   # answer on one slice is the first candidate on the next slice of that chip (then confirmed).
-  answers: dict[tuple[str, str], int] = {}
+  answers = earlier_answers(rows)
   for topology in targets:
     for config in configs:
       found = pair(rows, config, topology, do_search=not args.no_search,

@@ -104,7 +104,8 @@ def finetune_and_evaluate(config, workdir: str) -> dict[str, Any]:
 COMPILE_ONLY_STEPS = 1000
 
 
-def compile_report(config, target: "aot.Target | None" = None) -> dict[str, Any]:
+def compile_report(config, target: "aot.Target | None" = None,
+                   steps: tuple[str, ...] = aot.STEPS) -> dict[str, Any]:
   """The init, train and eval steps of `config.task` compiled for `target` (default: this
   process's devices) against abstract shapes (`training/aot.py`): no training data is read.
   The encoder's shape comes from `config.init_from` (a checkpoint's config and vocabulary),
@@ -123,7 +124,7 @@ def compile_report(config, target: "aot.Target | None" = None) -> dict[str, Any]
   config = copy.deepcopy(config)
   config.train.num_train_steps = config.train.num_train_steps or COMPILE_ONLY_STEPS
   settings = TrainSettings.from_config(config)
-  report = aot.report(settings, task, target or aot.host_target())
+  report = aot.report(settings, task, target or aot.host_target(), steps)
   return {"task": task.name, "labels": len(labels),
           **({"labels_assumed": "2 (config.data.labels is empty)"} if assumed else {}),
           "encoder": encoder.source, **report}

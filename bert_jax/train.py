@@ -73,14 +73,16 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   return trainer.train(TrainSettings.from_config(config), workdir, run)
 
 
-def compile_report(config, target: "aot.Target | None" = None) -> dict[str, Any]:
-  """The init, train and eval steps compiled for `target` (default: this process's devices)
-  against abstract shapes only: memory per chip, FLOPs, collectives, the step-time bound
-  (`training/aot.py`). Nothing is allocated and no data is read."""
+def compile_report(config, target: "aot.Target | None" = None,
+                   steps: tuple[str, ...] = aot.STEPS) -> dict[str, Any]:
+  """The init, train and eval steps (`steps`) compiled for `target` (default: this process's
+  devices) against abstract shapes only: memory per chip, FLOPs, collectives, the step-time
+  bound (`training/aot.py`). Nothing is allocated and no data is read."""
   config_checks.check_pretraining(config)
   model_config = BertConfig.from_config(config.model)
   return aot.report(TrainSettings.from_config(config),
-                    pretraining_task(config, model_config, None), target or aot.host_target())
+                    pretraining_task(config, model_config, None), target or aot.host_target(),
+                    steps)
 
 
 def examples_per_row(config) -> int:

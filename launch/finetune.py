@@ -26,7 +26,8 @@ def main() -> None:
   from bert_jax.training import aot
   if cli.compile_only_requested():
     report = finetune.compile_report(flags.FLAGS.config,
-                                     aot.target(flags.FLAGS.topology, flags.FLAGS.num_slices))
+                                     aot.target(flags.FLAGS.topology, flags.FLAGS.num_slices),
+                                     cli.compile_steps())
     cli.print_report(report)
     aot.check_fits(report)
     return

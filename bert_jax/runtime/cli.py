@@ -53,6 +53,9 @@ def define_compile_flags() -> None:
                       "v6e:2x2; empty: this process's devices.")
   flags.DEFINE_integer("num_slices", 1, "With --topology: that many slices joined over DCN "
                        "(multi-slice; config.mesh.dcn_data must match).")
+  flags.DEFINE_list("compile_steps", ["init", "train", "eval"], "With --compile_only: the steps "
+                    "to compile, train among them (train alone: the quickest check of a batch "
+                    "size; the eval step at the same batch needs less memory).")
   if "--compile_only" in sys.argv and any(a.startswith("--topology=") for a in sys.argv):
     # Before jax starts its backend: the slice's devices are abstract, this host's accelerator
     # is not used, so the check runs beside a training on the same TPU VM (libtpu's lock file
@@ -63,10 +66,25 @@ def define_compile_flags() -> None:
 
 def compile_only_requested() -> bool:
   """--compile_only, with its target flags checked (a flag that needs it, without it: refused)."""
-  if not flags.FLAGS.compile_only and (flags.FLAGS.topology or flags.FLAGS.num_slices != 1):
-    raise app.UsageError("--topology and --num_slices need --compile_only (a run trains on "
-                         "the devices it is on)")
+  steps_given = any(a.startswith("--compile_steps") for a in sys.argv)
+  if not flags.FLAGS.compile_only and (flags.FLAGS.topology or flags.FLAGS.num_slices != 1
+                                       or steps_given):
+    raise app.UsageError("--topology, --num_slices and --compile_steps need --compile_only (a "
+                         "run trains on the devices it is on)")
+  if flags.FLAGS.compile_only:
+    compile_steps()
   return flags.FLAGS.compile_only
+
+
+def compile_steps() -> tuple[str, ...]:
+  """--compile_steps, checked: a subset of init, train, eval that holds train."""
+  from bert_jax.training import aot  # pylint: disable=import-outside-toplevel
+  steps = tuple(s.strip() for s in flags.FLAGS.compile_steps)
+  unknown = [s for s in steps if s not in aot.STEPS]
+  if unknown or "train" not in steps or len(set(steps)) != len(steps):
+    raise app.UsageError(f"--compile_steps={','.join(steps)}: give some of "
+                         f"{','.join(aot.STEPS)}, each once, train among them")
+  return tuple(s for s in aot.STEPS if s in steps)
 
 
 def print_report(report: dict) -> None:

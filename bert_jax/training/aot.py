@@ -66,6 +66,9 @@ CHIPS = {
 }
 
 
+STEPS = ("init", "train", "eval")  # The programs a compile-only report compiles by default.
+
+
 @dataclasses.dataclass(frozen=True)
 class Target:
   """Where the programs are compiled for: a named TPU topology or this process's devices."""
@@ -231,10 +234,11 @@ def _without_persistent_cache():
     compilation_cache.reset_cache()
 
 
-def compile_programs(settings: TrainSettings, task: Task, mesh) -> dict[str, Any]:
-  """The init, train and eval steps compiled for `mesh`'s devices, never read from the
-  persistent cache -> {program: (compiled, seconds)}. Raises `DoesNotFit` when the compiler
-  runs out of memory."""
+def compile_programs(settings: TrainSettings, task: Task, mesh,
+                     steps: tuple[str, ...] = STEPS) -> dict[str, Any]:
+  """The init, train and eval steps (those in `steps`) compiled for `mesh`'s devices, never read
+  from the persistent cache -> {program: (compiled, seconds)}. Raises `DoesNotFit` when the
+  compiler runs out of memory."""
   prog = programs.make_program(settings, task, mesh)
   key = programs.abstract_key()
   compiled = {}
@@ -248,7 +252,8 @@ def compile_programs(settings: TrainSettings, task: Task, mesh) -> dict[str, Any
                                        settings.step.grad_accum_steps), key),
         "eval": lambda: prog.eval_step.lower(
             state.params, eval_batch_spec(task, settings.eval_batch_size, mesh), key)}
-    for name, lower in lowerings.items():
+    for name in steps:
+      lower = lowerings[name]
       start = time.time()
       compiled[name] = (_compile(lower(), f"the {name} step"), time.time() - start)
   return compiled
@@ -257,9 +262,11 @@ def compile_programs(settings: TrainSettings, task: Task, mesh) -> dict[str, Any
 # ------------------------------------------------------------------------------ the report
 
 
-def report(settings: TrainSettings, task: Task, target: Target) -> dict[str, Any]:
-  """Compiles the run's programs for `target` and reports their cost per chip (see the module
-  docstring). A program the compiler refuses for memory gives a report with `fits` false."""
+def report(settings: TrainSettings, task: Task, target: Target,
+           steps: tuple[str, ...] = STEPS) -> dict[str, Any]:
+  """Compiles the run's programs (`steps`, train among them) for `target` and reports their
+  cost per chip (see the module docstring). A program the compiler refuses for memory gives a
+  report with `fits` false."""
   mesh = target_mesh(settings, target)
   programs.check_mesh(settings, task.model_config, mesh)
   memory_gib, memory_source = device_memory_gib(target)
@@ -275,10 +282,10 @@ def report(settings: TrainSettings, task: Task, target: Target) -> dict[str, Any
       "batch_size": settings.batch_size, "eval_batch_size": settings.eval_batch_size,
       "batch_per_chip": settings.batch_size / len(target.devices),
       "grad_accum_steps": settings.step.grad_accum_steps, "remat": task.model_config.remat,
-      "hbm_gib": memory_gib, "hbm_source": memory_source}
+      "hbm_gib": memory_gib, "hbm_source": memory_source, "compile_steps": list(steps)}
   start = time.time()
   try:
-    compiled = compile_programs(settings, task, mesh)
+    compiled = compile_programs(settings, task, mesh, steps)
   except DoesNotFit as refused:
     return {**head, "fits": False, "per_device_gib": refused.needed_gib,
             "refused_by_compiler": str(refused), "compile_seconds": time.time() - start}
@@ -288,11 +295,13 @@ def report(settings: TrainSettings, task: Task, target: Target) -> dict[str, Any
   if train:
     # Donated state: the train step's outputs reuse its arguments. Evaluation runs beside the
     # resident state (the train step's arguments stand for it); init writes the state.
-    needs = {"train": train["arguments_gib"] + train["temporaries_gib"] + train["code_gib"],
-             "eval": train["arguments_gib"] + memory["eval"]["temporaries_gib"]
-             + memory["eval"]["code_gib"],
-             "init": memory["init"]["outputs_gib"] + memory["init"]["temporaries_gib"]
-             + memory["init"]["code_gib"]}
+    needs = {"train": train["arguments_gib"] + train["temporaries_gib"] + train["code_gib"]}
+    if "eval" in memory:
+      needs["eval"] = (train["arguments_gib"] + memory["eval"]["temporaries_gib"]
+                       + memory["eval"]["code_gib"])
+    if "init" in memory:
+      needs["init"] = (memory["init"]["outputs_gib"] + memory["init"]["temporaries_gib"]
+                       + memory["init"]["code_gib"])
     per_device = max(needs.values())
     memory.update({name: {**memory[name], "total_gib": value} for name, value in needs.items()})
   flops_per_example = task.flops_per_example()
