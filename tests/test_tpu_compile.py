@@ -256,11 +256,28 @@ def test_topology_errors_are_one_line(monkeypatch):
     aot.target("v5e:2x2")
 
 
-def test_topology_without_compile_only_is_refused():
-  done = _launch("--topology=v5e:2x2")
+@pytest.mark.parametrize("args,line", [
+    (("--topology=v5e:2x2",), "error: --topology, --num_slices and --compile_steps need "
+                              "--compile_only (a run trains on the devices it is on)"),
+    (("--compile_only", "--compile_steps=eval,init"),
+     "error: --compile_steps=eval,init: give some of init,train,eval, each once, train among "
+     "them")])
+def test_compile_flags_out_of_place_are_refused(args, line):
+  done = _launch(*args)
   assert done.returncode == 2
-  assert done.stderr.strip() == ("error: --topology and --num_slices need --compile_only (a run "
-                                 "trains on the devices it is on)")
+  assert done.stderr.strip() == line
+
+
+def test_the_train_step_alone_is_the_quick_check_of_a_batch(v5e):
+  """--compile_steps=train (the benchmark's search): the train step's memory is the report's,
+  and no init or eval step was compiled."""
+  config = _config(tiny, (4, 1, 1))
+  report = train.compile_report(config, v5e, ("train",))
+  assert report["compile_steps"] == ["train"] and report["fits"] is True
+  assert report["per_device_gib"] == report["train_total_gib"] > 0
+  assert not any(k.startswith(("init_", "eval_")) and k.endswith("_gib") for k in report)
+  assert list(report["mosaic_kernels"]) == ["train"]
+  assert report["compile_seconds"] == report["compile_seconds_train"]
 
 
 def test_explicit_splash_trains_through_the_launcher_on_data_4(tmp_path):
