@@ -3,6 +3,7 @@ stratified times, packed examples, the one masking-rate path (BERT's fixed rate,
 diffusion's t), and the held-out bound."""
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
@@ -343,6 +344,27 @@ def test_top_k_and_top_p_keep_the_likeliest():
   assert kept(top_p=0.8) == [True, True, False, False]  # 0.5 + 0.3 reaches 0.8.
   assert kept(top_p=0.81) == [True, True, True, False]
   assert kept(top_p=0.4) == [True, False, False, False]
+
+
+def test_any_temperature_keeps_the_never_drawn_tokens_out():
+  """At d16959b --temperature=inf (or above ~1e8) divided the never-drawn tokens'
+  NEG_INF to about 0, and [MASK] and the other special tokens were drawn. Now they stay out at
+  any finite temperature (which draws uniformly over the rest), and inf, nan or a temperature
+  too small to differ from argmax are refused in one line."""
+  row = np.full(VOCAB, sampler.NEG_INF, np.float32)  # As `sample` removes the never-drawn.
+  row[5:8] = np.log([0.6, 0.3, 0.1])
+  logits = jnp.broadcast_to(jnp.asarray(row), (1, 4096, VOCAB))  # [1, T, V]
+  for temperature in (1.0, 1e9, 1e30):
+    settings = sampler.SamplerSettings(steps=1, temperature=temperature)
+    tokens, _ = sampler._draw(jax.random.key(3), sampler.filter_logits(logits, settings),  # pylint: disable=protected-access
+                              settings)
+    drawn = np.bincount(np.asarray(tokens).ravel(), minlength=VOCAB)
+    assert drawn.sum() == drawn[5:8].sum() == 4096, (temperature, np.nonzero(drawn))
+    if temperature > 1e6:  # Uniform over the three tokens left.
+      assert np.all(np.abs(drawn[5:8] / 4096 - 1 / 3) < 0.03), drawn[5:8]
+  for bad in (math.inf, math.nan, -1.0, 1e-5):
+    with pytest.raises(ValueError, match=r"^temperature=.*: it must be 0 \(argmax\) or a finite"):
+      sampler.SamplerSettings(steps=1, temperature=bad)
 
 
 def _train_on_repeated_sequences(sequences: np.ndarray, steps: int):

@@ -27,6 +27,7 @@ model's own sequential factorisation of the text.
 
 import dataclasses
 import functools
+import math
 from typing import Callable
 
 import jax
@@ -35,6 +36,9 @@ import numpy as np
 
 RULES = ("ancestral", "confidence")
 NEG_INF = -1e9
+
+
+MIN_TEMPERATURE = 1e-3  # The smallest positive temperature (0 is argmax).
 
 
 @dataclasses.dataclass(frozen=True)
@@ -55,8 +59,9 @@ class SamplerSettings:
     if not isinstance(self.block_size, int) or self.block_size < 0:
       raise ValueError(f"block_size={self.block_size!r}: it must be an integer >= 0 (0: one "
                        "block)")
-    if not self.temperature >= 0:
-      raise ValueError(f"temperature={self.temperature!r}: it must be >= 0 (0: argmax)")
+    if not (self.temperature == 0 or MIN_TEMPERATURE <= self.temperature < math.inf):
+      raise ValueError(f"temperature={self.temperature!r}: it must be 0 (argmax) or a finite "
+                       f"number >= {MIN_TEMPERATURE} (below it the draws are argmax's in f32)")
     if not isinstance(self.top_k, int) or self.top_k < 0:
       raise ValueError(f"top_k={self.top_k!r}: it must be an integer >= 0 (0: all tokens)")
     if not 0.0 < self.top_p <= 1.0:
@@ -89,8 +94,8 @@ def step_plan(length: int, settings: SamplerSettings) -> dict[str, np.ndarray]:
 
 def filter_logits(logits: jax.Array, settings: SamplerSettings) -> jax.Array:
   """[..., V] f32 logits / temperature with top-k and top-p applied (removed: NEG_INF)."""
-  if settings.temperature > 0:
-    logits = logits / settings.temperature
+  if settings.temperature > 0:  # Removed tokens stay removed at any temperature (1e9: -1).
+    logits = jnp.where(logits <= NEG_INF, NEG_INF, logits / settings.temperature)
   if settings.top_k:
     kth = jax.lax.top_k(logits, min(settings.top_k, logits.shape[-1]))[0][..., -1:]
     logits = jnp.where(logits < kth, NEG_INF, logits)
