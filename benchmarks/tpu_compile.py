@@ -6,8 +6,8 @@ one subprocess per compile: the user's own command), with
   the estimated step-time bound and MFU ceiling);
 - the largest per-chip train batch that fits (a search, compiling the train step alone
   (`--compile_steps=train`: the eval step at the same batch needs less, and the init step does
-  not grow with the batch); rows marked * come from an earlier search that compiled all three
-  steps at eval batch = train batch. Memory is close to linear in the batch, so the
+  not grow with the batch; `train_step_fits` also reads an earlier search's compiles of all
+  three steps). Memory is close to linear in the batch, so the
   own-batch report (its state against the rest) or two compiles give a line, its crossing of the
   chip's HBM a candidate, and compiles at and one step above the candidate confirm it; the step
   is 1/8 of the candidate's power of two, so the answer is the largest that fits to within that
@@ -229,6 +229,19 @@ def pair(rows: Rows, config: str, topology: str, base: tuple[str, ...] = (),
   return summary
 
 
+def train_step_fits(report: dict) -> bool | None:
+  """Whether the train step fits, from a report of the train step alone or of all three steps
+  (earlier searches): all three fit, or the train step's total is within the HBM, or the
+  compiler refused the train step; None when a report does not say (init refused first)."""
+  if report.get("fits"):
+    return True
+  if report.get("train_total_gib") is not None:
+    return report["train_total_gib"] <= report["hbm_gib"]
+  if report.get("refused_by_compiler", "").startswith("the train step"):
+    return False
+  return None
+
+
 def table(rows: Rows) -> None:
   """docs/scale_out.md's tables from the rows."""
   def fmt(value, digits=2):
@@ -238,31 +251,25 @@ def table(rows: Rows) -> None:
     config = CONFIGS.index(r["config"]) if r["config"] in CONFIGS else len(CONFIGS)
     return (bool(r["overrides"]) or r["num_slices"] > 1, target, config, r["overrides"])
   own = sorted((r for r in rows.rows if r["purpose"] == "own"), key=order)
-  # (config, topology, variant) -> {per chip: fits}, of the train step alone, or (marked "*")
-  # of an earlier search that compiled all three steps at eval batch = train batch.
-  tried: dict[tuple, dict[int, bool]] = {}
+  tried: dict[tuple, dict[int, bool]] = {}  # (config, topology, variant) -> {per chip: fits}
   for r in rows.rows:
     if r["purpose"] == "search" and "report" in r:
       base = [o for o in r["overrides"] if "batch_size" not in o and "compile_steps" not in o]
-      key = (r["config"], r["topology"], json.dumps(base),
-             "--compile_steps=train" not in r["overrides"])
-      tried.setdefault(key, {})[int(r["report"]["batch_per_chip"])] = bool(r["report"]["fits"])
+      key = (r["config"], r["topology"], json.dumps(base))
+      fits = train_step_fits(r["report"])
+      if fits is not None:
+        tried.setdefault(key, {})[int(r["report"]["batch_per_chip"])] = fits
 
   def largest(key) -> str:
     """The search's answer: b when b fits and b + step does not; ">= b" before that is shown."""
-    mark = ""
-    if key + (False,) in tried:
-      found = tried[key + (False,)]
-    elif key + (True,) in tried:
-      found, mark = tried[key + (True,)], "*"
-    else:
+    if key not in tried:
       return "not searched"
-    fit = [b for b, ok in found.items() if ok]
+    fit = [b for b, ok in tried[key].items() if ok]
     if not fit:
-      return ("0" if found.get(1) is False else "not found") + mark
+      return "0" if tried[key].get(1) is False else "not found"
     best = max(fit)
-    confirmed = any(not ok and best < b <= best + step_of(best, 1) for b, ok in found.items())
-    return (str(best) if confirmed else f">= {best}") + mark
+    confirmed = any(not ok and best < b <= best + step_of(best, 1) for b, ok in tried[key].items())
+    return str(best) if confirmed else f">= {best}"
   print("| config | target | mesh | batch (per chip) | GiB per chip / HBM | fits | largest batch "
         "per chip that fits | compile s | collective GB per step (ICI sent / chip) | "
         "est. step bound ms (by) | est. MFU ceiling |")
