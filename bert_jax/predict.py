@@ -194,6 +194,9 @@ def generate(checkpoint: str | tuple[BertConfig, dict, Vocab], length: int,
     raise ValueError(f"length={length!r}: it must be an integer >= 1")
   if prompt is not None and not prompt.strip():
     raise ValueError("The prompt is empty (leave it out to generate from all-[MASK])")
+  if isinstance(seed, bool) or not isinstance(seed, int) or not 0 <= seed <= 2**32 - 1:
+    # jax.random.key keeps 32 bits: seeds 2**32 apart drew the same texts.
+    raise ValueError(f"seed={seed!r}: it must be an integer in [0, 2**32 - 1]")
   config, params, vocab, source = load_mlm(checkpoint)
   prompt_ids = vocab.encode(prompt) if prompt else []
   if conditional(checkpoint):

@@ -69,7 +69,8 @@ _TEMPERATURE = flags.DEFINE_float("temperature", 1.0, "generate: logits / temper
                                   "most probable token).", lower_bound=0.0)
 _TOP_P = flags.DEFINE_float("top_p", 1.0, "generate: nucleus sampling's probability mass "
                             "(1: all tokens).", lower_bound=0.0, upper_bound=1.0)
-_SEED = flags.DEFINE_integer("seed", 0, "generate: the sampler's seed.", lower_bound=0)
+_SEED = flags.DEFINE_integer("seed", 0, "generate: the sampler's seed (32 bits, as every seed).",
+                             lower_bound=0, upper_bound=2**32 - 1)
 _NUM_SAMPLES = flags.DEFINE_integer("num_samples", 1, "generate: texts to sample.",
                                     lower_bound=1)
 _GENERATE_FLAGS = ("prompt", "length", "steps", "sampler", "block_size", "temperature", "top_p",

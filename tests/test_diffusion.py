@@ -367,6 +367,16 @@ def test_any_temperature_keeps_the_never_drawn_tokens_out():
       sampler.SamplerSettings(steps=1, temperature=bad)
 
 
+def test_seeds_beyond_32_bits_are_refused_not_folded():
+  """jax.random.key keeps 32 bits: at d16959b --seed=0 and --seed=4294967296 drew the same
+  texts. Seeds are used whole, so one beyond 2**32 - 1 is refused before anything loads."""
+  from bert_jax import predict  # pylint: disable=import-outside-toplevel
+  settings = sampler.SamplerSettings(steps=1)
+  for bad in (2**32, -1, 1.5, True):
+    with pytest.raises(ValueError, match=r"^seed=.*: it must be an integer in \[0, 2\*\*32 - 1\]$"):
+      predict.generate("/never/read", 4, settings, seed=bad)
+
+
 def _train_on_repeated_sequences(sequences: np.ndarray, steps: int):
   """A tiny diffusion model trained on a few sequences, repeated (Adam, 2 layers, 32 rows a
   step)."""
