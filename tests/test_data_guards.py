@@ -405,6 +405,28 @@ def test_atomic_writes_follow_the_umask(tmp_path, monkeypatch):
 # ------------------------------------------------------------------------ fine-tuning data
 
 
+
+def test_safetensors_exports_follow_the_umask_and_replace_at_once(tmp_path):
+  """safetensors creates its files 0600 whatever the umask (the red team: another user of a
+  shared model directory could not read model.safetensors). The export writes beside the file,
+  takes the umask's mode and renames; a failed write leaves the old file and no partial one."""
+  from bert_jax.weights import hf  # pylint: disable=import-outside-toplevel
+  state = {"w": np.arange(6, dtype=np.float32).reshape(2, 3)}
+  path = str(tmp_path / "model.safetensors")
+  previous = os.umask(0o022)
+  try:
+    hf.save_safetensors(path, state)
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o644)
+    os.umask(0o007)
+    hf.save_safetensors(path, state)
+    assert oct(os.stat(path).st_mode & 0o777) == oct(0o660)
+  finally:
+    os.umask(previous)
+  before = open(path, "rb").read()
+  with pytest.raises(Exception):
+    hf.save_safetensors(path, {"w": np.zeros(3, np.float32), "bad": object()})
+  assert open(path, "rb").read() == before and os.listdir(tmp_path) == ["model.safetensors"]
+
 def test_finetuning_files_without_records(tmp_path):
   for name, content in (("empty.jsonl", ""), ("blank.jsonl", "\n \n"),
                         ("header.csv", "text,label\n"), ("empty.csv", "")):

@@ -11,6 +11,7 @@ rewrite it. A prepared dataset is read by ArrayRecord, which opens local files o
 `require_local` says how to mount a bucket instead.
 """
 
+import contextlib
 import os
 import posixpath
 import shutil
@@ -182,6 +183,40 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
   try:  # Whatever stops it (an error, Ctrl-C's KeyboardInterrupt), no .tmp-* file stays.
     with os.fdopen(fd, "wb") as f:
       f.write(data)
+    os.replace(tmp, path)
+  except BaseException:
+    try:
+      os.remove(tmp)
+    except OSError:
+      pass
+    raise
+
+
+def umask() -> int:
+  """This process's umask (read without changing it where Linux says it)."""
+  try:
+    with open("/proc/self/status") as f:
+      for line in f:
+        if line.startswith("Umask:"):
+          return int(line.split()[1], 8)
+  except OSError:
+    pass
+  current = os.umask(0o022)
+  os.umask(current)
+  return current
+
+
+@contextlib.contextmanager
+def local_file_in_place(path: str | os.PathLike):
+  """A temporary path beside local file `path` for a writer that opens files itself (e.g.
+  safetensors, which creates them 0600): on success it gets the mode a plain open() gives
+  (0666 less the umask) and replaces `path` at once; on any failure it is removed and `path`
+  is untouched."""
+  path = os.fspath(path)
+  tmp = os.path.join(os.path.dirname(os.path.abspath(path)), f".tmp-{uuid.uuid4().hex}")
+  try:
+    yield tmp
+    os.chmod(tmp, 0o666 & ~umask())
     os.replace(tmp, path)
   except BaseException:
     try:

@@ -360,7 +360,8 @@ def save_safetensors(path: str, state: Mapping[str, np.ndarray]) -> None:
   if storage.is_remote(path):  # One upload of the bytes (safetensors writes local files).
     storage.write_bytes(path, safetensors.numpy.save(state, metadata={"format": "pt"}))
   else:  # Streamed to disk, without a second copy of the weights in memory.
-    safetensors.numpy.save_file(state, path, metadata={"format": "pt"})
+    with storage.local_file_in_place(path) as partial:
+      safetensors.numpy.save_file(state, partial, metadata={"format": "pt"})
 
 
 def _log_heads(output_dir: str, heads: Mapping[str, bool], architecture: str,
