@@ -199,6 +199,9 @@ def generate(checkpoint: str | tuple[BertConfig, dict, Vocab], length: int,
     raise ValueError(f"seed={seed!r}: it must be an integer in [0, 2**32 - 1]")
   config, params, vocab, source = load_mlm(checkpoint)
   prompt_ids = vocab.encode(prompt) if prompt else []
+  if prompt and not prompt_ids:
+    raise ValueError(f"The prompt {prompt!r} encodes to no piece of {source}'s vocabulary "
+                     "(only characters it drops)")
   if conditional(checkpoint):
     if not prompt_ids:
       raise ValueError(f"{source} is a diffusion_sft fine-tune: it generates a response to "

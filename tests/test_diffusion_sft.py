@@ -99,6 +99,11 @@ def test_bad_records_and_lengths_are_named(tmp_path):
   task = _task(vocab)
   with pytest.raises(ValueError, match="line 3: field 'response' is empty"):
     task.encode([("f", 3, {"prompt": "where", "response": " "})], vocab)
+  with pytest.raises(ValueError, match="line 5: field 'response' encodes to no piece of the "
+                     r"vocabulary \(only characters it drops\)$"):
+    task.encode([("f", 5, {"prompt": "where", "response": "\u200b\u200b"})], vocab)
+  with pytest.raises(ValueError, match="line 6: field 'prompt' encodes to no piece"):
+    task.encode([("f", 6, {"prompt": "\u200b", "response": "mat"})], vocab)
   with pytest.raises(ValueError, match="line 4: missing field 'prompt'"):
     task.encode([("f", 4, {"response": "mat"})], vocab)
   # A long pair keeps the prompt's last pieces and the response's first, both counted.

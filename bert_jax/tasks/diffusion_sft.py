@@ -211,8 +211,8 @@ class DiffusionSftTask(FinetuneTask):
               ("input_ids", "token_type_ids", "attention_mask", "response_mask")}
     examples, truncated = [], 0
     for row, record in enumerate(records):
-      prompt = vocab.encode(_text(record, "prompt"))
-      response = vocab.encode(_text(record, "response")) if with_labels else []
+      prompt = _pieces(record, "prompt", vocab)
+      response = _pieces(record, "response", vocab) if with_labels else []
       prompt_kept, response_kept = _fit(len(prompt), len(response), length - 3)
       truncated += (prompt_kept, response_kept) != (len(prompt), len(response))
       prompt = prompt[len(prompt) - prompt_kept:]
@@ -243,6 +243,16 @@ def _text(record: Record, name: str) -> str:
   if not text.strip():
     raise ValueError(f"{finetune_data.where(record)}: field {name!r} is empty")
   return text
+
+
+def _pieces(record: Record, name: str, vocab: Vocab) -> list[int]:
+  """The field's pieces; a text the vocabulary encodes to nothing (zero-width spaces, control
+  characters) is refused as an empty one is: it would train on an empty response."""
+  pieces = vocab.encode(_text(record, name))
+  if not pieces:
+    raise ValueError(f"{finetune_data.where(record)}: field {name!r} encodes to no piece of the "
+                     "vocabulary (only characters it drops)")
+  return pieces
 
 
 def _fit(prompt: int, response: int, room: int) -> tuple[int, int]:
