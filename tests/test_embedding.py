@@ -236,6 +236,25 @@ def test_bad_settings_are_one_line_each():
     EmbeddingSettings.from_config(bad, [], BertConfig(**MODEL))
 
 
+def test_training_records_need_two_distinct_positives(tmp_path):
+  """One record (or many with one positive): every in-batch negative would be the positive
+  itself. Refused for training, in one line naming the file; evaluation reads any number."""
+  from bert_jax.data.vocab import Vocab  # pylint: disable=import-outside-toplevel
+  (tmp_path / "vocab.txt").write_text("\n".join(
+      ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "cat", "dog", "mat"]) + "\n")
+  vocab = Vocab.from_wordpiece(str(tmp_path / "vocab.txt"))
+  task = _task()
+  one = [("pairs.jsonl", 1, {"query": "cat", "positive": "mat"})]
+  same = one + [("pairs.jsonl", 2, {"query": "dog", "positive": "mat"})]
+  for records, count in ((one, 1), (same, 2)):
+    with pytest.raises(ValueError, match=rf"^pairs.jsonl: {count} training record\(s\) with 1 "
+                                         "distinct positive: in-batch negatives"):
+      task.encode(records, vocab, is_training=True)
+    assert task.encode(records, vocab).arrays["input_ids"].shape[0] == count  # Evaluation.
+  two = same + [("pairs.jsonl", 3, {"query": "cat", "positive": "dog"})]
+  assert task.encode(two, vocab, is_training=True).arrays["input_ids"].shape[0] == 3
+
+
 # ------------------------------------------------------------------ through the fine-tuning driver
 QUERY_WORDS = [f"q{i}" for i in range(24)]
 DOC_WORDS = [f"d{i}" for i in range(24)]

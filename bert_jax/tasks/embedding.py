@@ -355,8 +355,9 @@ class EmbeddingTask(FinetuneTask):
              is_training: bool = False) -> TaskData:
     """Each record -> [2 + N, L] rows (query, positive, negatives), weights and text hashes;
     examples keep the texts' hashes (retrieval's document ids). For prediction
-    (`with_labels` False) a record is {"text"}, encoded by `encode_texts`."""
-    del is_training
+    (`with_labels` False) a record is {"text"}, encoded by `encode_texts`. Training records
+    need 2 distinct positives at least: every other example's positive is an example's negative,
+    so with one the loss has nothing to contrast."""
     length = self.settings.max_seq_length
     if not with_labels:
       return self.encode_texts(records, vocab)
@@ -380,6 +381,11 @@ class EmbeddingTask(FinetuneTask):
         mask[row, slot, :len(row_ids)] = 1
         weight[row, slot] = 1.0
         hashes[row, slot] = text_hash(row_ids)
+    distinct = len(set(hashes[:, 1].tolist()))
+    if is_training and records and distinct < 2:
+      raise ValueError(f"{records[0][0]}: {len(records)} training record(s) with {distinct} "
+                       "distinct positive: in-batch negatives are the other examples' "
+                       "positives, so training needs 2 distinct positives at least")
     examples = [{"line": r[1], "hashes": hashes[i].tolist(), "texts": len(columns[i])}
                 for i, r in enumerate(records)]
     arrays = {"input_ids": ids, "attention_mask": mask, "text_weight": weight,
