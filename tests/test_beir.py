@@ -51,6 +51,15 @@ def test_the_layout_is_read_as_beir_reads_it(tmp_path):
   (tmp_path / "pairs" / "qrels" / "test.tsv").write_text("q1\tnowhere\t1\n")
   with pytest.raises(ValueError, match=r"judges documents the corpus lacks, e.g. \['nowhere'\]"):
     beir.read_task(str(tmp_path / "pairs"))
+  (tmp_path / "pairs" / "qrels" / "test.tsv").write_text("q1\tdoc1\t1\nq99\tdoc2\t1\n")
+  with pytest.raises(ValueError, match=r"test.tsv: judges 1 of its 2 queries that \S+queries.jsonl "
+                                       r"lacks, e.g. \['q99'\]$"):
+    beir.read_task(str(tmp_path / "pairs"))
+  with open(tmp_path / "pairs" / "corpus.jsonl", "a") as f:
+    f.write(json.dumps({"_id": "doc3", "text": "a second doc3"}) + "\n")
+  with pytest.raises(ValueError, match=r"corpus.jsonl, line 49: _id 'doc3' again \(first on line "
+                                       r"7\): ids must be unique$"):
+    beir.read_task(str(tmp_path / "pairs"))
   os.remove(tmp_path / "pairs" / "queries.jsonl")
   with pytest.raises(ValueError, match=r"not a task in BEIR's layout \(missing queries.jsonl\)"):
     beir.read_task(str(tmp_path / "pairs"))

@@ -40,24 +40,36 @@ class BeirTask:
   qrels: dict[str, dict[str, int]]
 
 
-def _jsonl(path: str) -> list[dict[str, Any]]:
+def _jsonl(path: str) -> list[tuple[int, dict[str, Any]]]:
+  """(line number, record) of each non-blank line."""
   rows = []
   for number, line in enumerate(storage.read_text(path).splitlines(), 1):
     if line.strip():
       try:
-        rows.append(json.loads(line))
+        rows.append((number, json.loads(line)))
       except json.JSONDecodeError as e:
         raise ValueError(f"{path}, line {number}: not JSON ({e.msg})") from e
   return rows
 
 
-def _text_of(row: dict[str, Any], path: str, with_title: bool) -> tuple[str, str]:
-  if "_id" not in row or not isinstance(row.get("text"), str):
-    raise ValueError(f"{path}: a record without '_id' and a 'text' string: {str(row)[:80]}")
-  text = row["text"]
-  if with_title and row.get("title"):
-    text = f"{row['title']} {text}"
-  return str(row["_id"]), text
+def _texts(path: str, with_title: bool) -> dict[str, str]:
+  """_id -> text (title and text joined by a space, as BEIR's models read them) of a
+  corpus.jsonl or queries.jsonl; a record without them, or an _id given twice, is one line."""
+  texts: dict[str, str] = {}
+  first: dict[str, int] = {}
+  for number, row in _jsonl(path):
+    if not isinstance(row, dict) or "_id" not in row or not isinstance(row.get("text"), str):
+      raise ValueError(f"{path}, line {number}: a record without '_id' and a 'text' string: "
+                       f"{str(row)[:80]}")
+    key = str(row["_id"])
+    if key in first:
+      raise ValueError(f"{path}, line {number}: _id {key!r} again (first on line {first[key]}): "
+                       "ids must be unique")
+    text = row["text"]
+    if with_title and row.get("title"):
+      text = f"{row['title']} {text}"
+    texts[key], first[key] = text, number
+  return texts
 
 
 def read_task(directory: str, split: str = "test") -> BeirTask:
@@ -67,8 +79,8 @@ def read_task(directory: str, split: str = "test") -> BeirTask:
   if missing:
     raise ValueError(f"{directory}: not a task in BEIR's layout (missing {', '.join(missing)})")
   corpus_path, queries_path = (storage.join(directory, f) for f in FILES)
-  corpus = dict(_text_of(row, corpus_path, True) for row in _jsonl(corpus_path))
-  queries = dict(_text_of(row, queries_path, False) for row in _jsonl(queries_path))
+  corpus = _texts(corpus_path, True)
+  queries = _texts(queries_path, False)
   qrels: dict[str, dict[str, int]] = {}
   qrels_path = storage.join(directory, "qrels", f"{split}.tsv")
   reader = csv.reader(storage.read_text(qrels_path).splitlines(), delimiter="\t")
@@ -81,6 +93,10 @@ def read_task(directory: str, split: str = "test") -> BeirTask:
   unknown = sorted({d for judged in qrels.values() for d in judged} - set(corpus))[:3]
   if unknown:
     raise ValueError(f"{qrels_path}: judges documents the corpus lacks, e.g. {unknown}")
+  strangers = sorted(set(qrels) - set(queries))
+  if strangers:  # Scoring the rest would quietly leave these out of every mean.
+    raise ValueError(f"{qrels_path}: judges {len(strangers)} of its {len(qrels)} queries that "
+                     f"{queries_path} lacks, e.g. {strangers[:3]}")
   asked = {q: text for q, text in queries.items() if q in qrels}
   if not asked:
     raise ValueError(f"{directory}: no query of queries.jsonl has judgements in {qrels_path}")
