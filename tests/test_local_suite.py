@@ -64,6 +64,27 @@ def test_build_is_deterministic(built):
     assert a.read() == b.read()
 
 
+def test_a_build_never_replaces_what_it_did_not_write(built, tmp_path):
+  """The red team's data loss: `--suite=local_retrieval --output_dir=DIR` replaced the user's
+  DIR/data/train.jsonl. A suite builds into an empty directory, or over its own earlier build
+  (its suite.json there), and otherwise refuses in one line before writing anything."""
+  from bert_jax.data import local_retrieval  # pylint: disable=import-outside-toplevel
+  mine = tmp_path / "data"
+  mine.mkdir()
+  (mine / "train.jsonl").write_text('{"query": "mine", "positive": "keep me"}\n')
+  with pytest.raises(ValueError, match=r"data/train.jsonl exists and \S+ is not a directory the "
+                                       r"local_retrieval suite built \(no suite.json of it\)"):
+    local_retrieval.build(str(mine))
+  assert os.listdir(mine) == ["train.jsonl"]
+  assert (mine / "train.jsonl").read_text() == '{"query": "mine", "positive": "keep me"}\n'
+  (tmp_path / "local" / "code_tags").mkdir(parents=True)
+  with pytest.raises(ValueError, match=r"local/code_tags exists and \S+ is not a directory the "
+                                       r"local suite built"):
+    local_suite.build(str(tmp_path / "local"))
+  _, _, first, _ = built
+  local_suite.claim_suite_dir(str(first), ["code_tags", local_suite.SUMMARY_FILE], "local")
+
+
 def test_suite_has_a_single_text_a_pair_and_a_token_task(suite):
   assert len(suite) >= 3 and len({t.name for t in suite}) == len(suite)
   kinds = set()

@@ -53,6 +53,8 @@ def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
 
 def build(output_dir: str) -> dict[str, str]:
   """Writes the suite under `output_dir`; -> {"train_file", "validation_file", "beir_dir"}."""
+  local_suite.claim_suite_dir(output_dir, ["train.jsonl", "validation.jsonl", "beir",
+                                           local_suite.SUMMARY_FILE], "local_retrieval")
   split = pairs(local_suite.installed_sources())
   if not split["train"] or not split["validation"]:
     raise ValueError(f"the retrieval suite found no pairs in {local_suite.PACKAGES}' docstrings")
@@ -74,6 +76,6 @@ def build(output_dir: str) -> dict[str, str]:
                      + "".join(f"q{i}\td{i}\t1\n" for i in range(len(held_out))))
   summary = {"version": VERSION, "packages": local_suite._versions(local_suite.PACKAGES),  # pylint: disable=protected-access
              "train_pairs": len(split["train"]), "validation_pairs": len(held_out)}
-  storage.write_text(storage.join(output_dir, "suite.json"),
+  storage.write_text(storage.join(output_dir, local_suite.SUMMARY_FILE),
                      json.dumps(summary, indent=1, sort_keys=True) + "\n")
   return files

@@ -474,10 +474,29 @@ def _write_jsonl(path: str, rows: list[dict[str, Any]]) -> None:
                                    for r in rows))
 
 
+def claim_suite_dir(output_dir: str, names: list[str], suite: str) -> None:
+  """Refuses to build `suite` into `output_dir` when that would replace something the suite
+  did not write: one of `names` there, without the `suite.json` of an earlier build (the red
+  team's data loss: a user's own train.jsonl replaced without a word)."""
+  marker = storage.join(output_dir, SUMMARY_FILE)
+  if storage.isfile(marker):
+    try:
+      if {"version", "packages"} <= set(json.loads(storage.read_text(marker))):
+        return  # An earlier build of a suite: rebuilt in place, byte for byte.
+    except (ValueError, AttributeError, TypeError):
+      pass
+  taken = [n for n in names if storage.exists(storage.join(output_dir, n))]
+  if taken:
+    raise ValueError(f"{storage.join(output_dir, taken[0])} exists and {output_dir} is not a "
+                     f"directory the {suite} suite built (no {SUMMARY_FILE} of it): the build "
+                     "would replace it; move it, or give another --output_dir")
+
+
 def build(output_dir: str) -> list[LocalTask]:
   """Writes every task's `<name>/train.jsonl` and `<name>/validation.jsonl` (and `suite.json`:
   sizes, label counts, majority rates, package versions) under `output_dir`; same installed
   files, same bytes."""
+  claim_suite_dir(output_dir, [*_TASKS, SUMMARY_FILE], "local")
   sources = installed_sources()
   storage.makedirs(output_dir)
   built, summary = [], {"version": SUITE_VERSION, "packages": _versions(PACKAGES), "tasks": {}}
