@@ -192,7 +192,8 @@ def load_encoder(config) -> Encoder:
   tokenizer), or a from-scratch config whose vocabulary comes from `config.vocab`."""
   from bert_jax import weights  # Imports HF/TF readers only when needed.
   if config.init_from:
-    model_config, params, vocab, head = weights.load_with_head(config.init_from)
+    model_config, params, vocab, head = weights.load_with_head(
+        config.init_from, tasks.finetune_task(config.task).pretrained_heads_read)
     if vocab is None:
       if not config.vocab:
         raise ValueError(f"{config.init_from} has no vocabulary; give --config.vocab (the one "

@@ -342,7 +342,7 @@ def load_embedding_model(path: str) -> Finetuned:
       raise ValueError(f"{path} was fine-tuned for {finetuned.task.name!r}, not as an "
                        "embedding model")
     return finetuned
-  config, params, vocab = weights.load_pretrained(path)
+  config, params, vocab = weights.load_pretrained(path, uses=())  # The encoder alone.
   if vocab is None:
     raise ValueError(f"{path} has no vocabulary to tokenize queries and documents with")
   length = min(512, config.max_position_embeddings)

@@ -198,6 +198,27 @@ def test_hf_round_trip_through_the_launcher_keeps_logits_and_heads(tmp_path):
   assert last.startswith("error: ") and "absent does not exist" in last
 
 
+def test_a_head_nobody_reads_is_no_news(tmp_path):
+  """The red team's noise: "has no pooler, MLM head, NSP head ... initialise them before use"
+  printed on successful embedding and zero-shot runs, which read none of them. A loader names
+  the missing heads its caller reads (`uses`); fine-tuning reads its task's."""
+  from bert_jax import finetune  # pylint: disable=import-outside-toplevel
+  from configs import finetune_embedding  # pylint: disable=import-outside-toplevel
+  source, _ = _hf_dir(tmp_path, "encoder", transformers.BertModel, seed=1)
+  with warnings.catch_warnings():
+    warnings.simplefilter("error")
+    weights.load_pretrained(source, uses=())
+    weights.load_pretrained(source, uses=("pooler",))
+    config = finetune_embedding.get_config()
+    config.init_from = source
+    finetune.load_encoder(config)  # Embedding: the encoder alone.
+  with pytest.warns(UserWarning, match=r"encoder has no MLM head: those parameters are absent"):
+    weights.load_pretrained(source, uses=("pooler", "mlm"))
+  config.task = "diffusion_sft"  # It fine-tunes the MLM head.
+  with pytest.warns(UserWarning, match=r"encoder has no MLM head: "):
+    finetune.load_encoder(config)
+
+
 def test_bert_model_without_heads_imports_with_a_note(tmp_path):
   source, hf = _hf_dir(tmp_path, "encoder", transformers.BertModel, seed=1)
   with pytest.warns(UserWarning, match="has no MLM head, NSP head"):

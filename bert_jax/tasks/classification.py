@@ -83,6 +83,7 @@ class ClassificationTask(FinetuneTask):
   predict_mode = "classify"
   target_signature = {"labels": ((), jnp.int32)}
   hf_task = "ForSequenceClassification"
+  pretrained_heads_read = ("pooler",)  # BERT's classifier reads the pooled [CLS].
 
   @property
   def model(self) -> BertForSequenceClassification:

@@ -78,6 +78,7 @@ class DiffusionSftTask(FinetuneTask):
   keeps_eval_outputs = False  # The scores are sums (the bound), no per-row predictions.
   target_signature = {"response_mask": (("L",), jnp.int32)}
   exports_pretraining_heads = True
+  pretrained_heads_read = ("mlm",)  # It fine-tunes the MLM head.
 
   @property
   def model(self) -> BertForPreTraining:

@@ -171,6 +171,9 @@ class FinetuneTask(Task):
   # Whether the params are `BertForPreTraining`'s (bert, mlm, nsp: an MLM task such as
   # diffusion_sft), exported with those heads as a pretraining checkpoint is.
   exports_pretraining_heads: ClassVar[bool] = False
+  # The pretrained heads (weights.HEADS: pooler, mlm, nsp) the task reads from `init_from`:
+  # loading one that lacks them says so; the others are no news (an embedding model has none).
+  pretrained_heads_read: ClassVar[tuple[str, ...]] = ()
 
   @property
   def hf_architecture(self) -> str:

@@ -17,6 +17,7 @@ checkpoints through orbax.
 """
 
 import logging
+from typing import Sequence
 
 from bert_jax.checkpoints import checkpointing
 from bert_jax.runtime import storage
@@ -67,20 +68,22 @@ _LOADERS = {"bert_jax": bert_jax_dir.load, "training": training.load, "huggingfa
             "tensorflow": load_tf}
 
 
-def load_pretrained(path: str) -> tuple[BertConfig, dict, Vocab | None]:
+def load_pretrained(path: str, uses: Sequence[str] = tuple(HEADS)
+                    ) -> tuple[BertConfig, dict, Vocab | None]:
   """(config, float32 numpy params, vocab or None) from a bert_jax pretrained directory, a
   training or fine-tuning workdir (its checkpoint's params: the BertForPreTraining parts, no
   optimizer state, no task head), a HuggingFace directory (a task model's encoder) or a
-  google-research/bert TF checkpoint. Missing heads are absent from the params and named in a
-  warning."""
-  config, params, vocab, head = load_with_head(path)
+  google-research/bert TF checkpoint. Missing heads are absent from the params; those of `uses`
+  (the ones the caller reads: pooler, mlm, nsp) are named in a warning."""
+  config, params, vocab, head = load_with_head(path, uses)
   if head is not None:
     logging.getLogger(__name__).warning("%s: left out the task head of its %s", path,
                                         head.architecture)
   return config, params, vocab
 
 
-def load_with_head(path: str) -> tuple[BertConfig, dict, Vocab | None, TaskHead | None]:
+def load_with_head(path: str, uses: Sequence[str] = tuple(HEADS)
+                   ) -> tuple[BertConfig, dict, Vocab | None, TaskHead | None]:
   """`load_pretrained`'s (config, params, vocab) and the task head of a HuggingFace task model
   (None for any other source)."""
   path = storage.absolute(path)
@@ -91,5 +94,5 @@ def load_with_head(path: str) -> tuple[BertConfig, dict, Vocab | None, TaskHead 
     config, params, vocab, head = hf.load_hf_with_head(path)
   else:
     (config, params, vocab), head = _LOADERS[source_format](path), None
-  warn_missing_heads(params, path)
+  warn_missing_heads(params, path, uses)
   return config, params, vocab, head

@@ -10,7 +10,7 @@ be absent.
 import dataclasses
 import logging
 import warnings
-from typing import Any, Mapping
+from typing import Any, Mapping, Sequence
 
 import flax.linen as nn
 import jax
@@ -149,9 +149,11 @@ def fill_missing_heads(params: Mapping, initial_params: Mapping) -> dict:
   return unflatten(flat)
 
 
-def warn_missing_heads(params: Mapping, source: str) -> None:
-  """A UserWarning naming the heads `params` lacks (nothing when it has them all)."""
-  missing = [HEAD_TITLES[h] for h, present in heads_present(params).items() if not present]
+def warn_missing_heads(params: Mapping, source: str, uses: Sequence[str] = tuple(HEADS)) -> None:
+  """A UserWarning naming the heads of `uses` (those the caller reads) that `params` lacks
+  (nothing when it has them all: a head nobody reads is no news)."""
+  missing = [HEAD_TITLES[h] for h, present in heads_present(params).items()
+             if not present and h in uses]
   if missing:
     # stacklevel 3: the warning points at whoever called the public loader.
     warnings.warn(f"{source} has no {', '.join(missing)}: those parameters are absent from the "
