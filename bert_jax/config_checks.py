@@ -128,9 +128,12 @@ def one_of(choices) -> Check:
   return check
 
 
-def boolean() -> Check:
+def boolean(optional: bool = False) -> Check:
+  """True or False; with `optional` also None (unset: a default decided later)."""
   def check(value: Any) -> str | None:
-    return None if isinstance(value, bool) else "must be True or False"
+    if isinstance(value, bool) or (optional and value is None):
+      return None
+    return "must be True or False" + (" (or unset)" if optional else "")
   return check
 
 
@@ -421,7 +424,7 @@ FINETUNING_RULES: dict[str, Check] = {
     "data.null_score_diff_threshold": number(-math.inf, meaning="run_squad.py's default: 0"),
     "data.prefetch": integer(0, "0: no batch ahead"),
     "embedding.pooling": one_of(("auto", *embedding.POOLINGS)),
-    "embedding.normalize": boolean(),
+    "embedding.normalize": boolean(optional=True),
     "embedding.num_negatives": integer(0, "0: in-batch negatives only"),
     "embedding.scale": number(0.0, low_open=True),  # 1 / temperature: a temperature > 0.
     "embedding.symmetric": boolean(),

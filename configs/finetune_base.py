@@ -13,6 +13,7 @@ Run:
 """
 
 import ml_collections
+from ml_collections import config_dict
 
 from configs import base
 
@@ -75,10 +76,13 @@ def get_config() -> ml_collections.ConfigDict:
   # Task "embedding" (bert_jax/tasks/embedding.py): records {"query", "positive", "negatives"?},
   # each text its own row of data.max_seq_length pieces.
   config.embedding = ml_collections.ConfigDict()
-  # A text's vector: "auto" (a ModernBERT encoder's classifier_pooling, else "mean"), "mean"
-  # (over its pieces, as sentence-transformers), "cls" or "max".
+  # A text's vector: "auto" (a sentence-transformers init_from's Pooling module, else a
+  # ModernBERT encoder's classifier_pooling, else "mean"), "mean" (over its pieces, as
+  # sentence-transformers), "cls" or "max".
   config.embedding.pooling = "auto"
-  config.embedding.normalize = True  # L2-normalised vectors (sentence-transformers' Normalize).
+  # L2-normalised vectors (sentence-transformers' Normalize module); unset (None): a
+  # sentence-transformers init_from's own choice, else True. A value given always wins.
+  config.embedding.normalize = config_dict.placeholder(bool)
   config.embedding.num_negatives = 0  # Hard negatives read per record ("negatives"; fewer: absent).
   config.embedding.scale = 20.0  # InfoNCE scores are scale x cos (1 / temperature; MNRL's 20).
   config.embedding.symmetric = False  # Also rank the batch's queries for each positive (mean).

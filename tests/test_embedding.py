@@ -326,6 +326,14 @@ def test_sigterm_saves_and_the_resumed_run_is_bit_identical(tmp_path, monkeypatc
   stopped = finetune.finetune_and_evaluate(config, workdir)
   monkeypatch.setattr(finetune_data, "TrainBatches", original)
   assert 1 <= stopped["preempted_at"] < 8
+  # Another pooling or normalisation would train another function of the same params.
+  for field, value, flag in (("pooling", "cls", "--config.embedding.pooling=mean"),
+                             ("normalize", False, "--config.embedding.normalize=true")):
+    other = config.copy_and_resolve_references()
+    other.embedding[field] = value
+    with pytest.raises(ValueError, match=rf"was trained with config.embedding.{field}=.*: set "
+                                         rf"{flag} to resume it, or use another --workdir$"):
+      finetune.finetune_and_evaluate(other, workdir)
   finetune.finetune_and_evaluate(config, workdir)
   losses, expected = _step_losses(workdir), _step_losses(reference)
   assert [losses[s] for s in range(1, 9)] == [expected[s] for s in range(1, 9)]

@@ -117,6 +117,16 @@ def test_a_sentence_transformers_directory_is_an_encoder_to_start_from(tmp_path)
   saved = predict.load_finetuned(str(tmp_path / "run")).task.settings
   assert (saved.pooling, saved.normalize) == ("max", False)  # Its modules', not the config's.
   assert result["final"]["step"] == 2
+  # Values given win over the directory's (the red team: an explicit normalize was overridden).
+  from bert_jax import weights  # pylint: disable=import-outside-toplevel
+  from bert_jax.tasks.embedding import EmbeddingSettings  # pylint: disable=import-outside-toplevel
+  model_config = weights.load_pretrained(source, uses=())[0]
+  for pooling, normalize, expected in (("auto", True, ("max", True)), ("cls", None, ("cls", False)),
+                                       ("mean", False, ("mean", False))):
+    explicit = config.copy_and_resolve_references()
+    explicit.embedding.pooling, explicit.embedding.normalize = pooling, normalize
+    settings = EmbeddingSettings.from_config(explicit, [], model_config)
+    assert (settings.pooling, settings.normalize) == expected
 
 
 def test_modules_bert_jax_cannot_compute_are_refused_by_name(tmp_path):

@@ -154,10 +154,16 @@ class EmbeddingSettings(FinetuneSettings):
     if widest > model_config.hidden_size:
       raise ValueError(f"config.embedding.matryoshka_dims={list(settings.matryoshka_dims)} has "
                        f"{widest}, wider than the encoder's hidden_size={model_config.hidden_size}")
-    if settings.pooling == "auto" and st_dir.is_sentence_transformers(config.init_from):
-      pooling, normalize = st_dir.pooling_of(config.init_from)  # The directory's own modules.
-      return dataclasses.replace(settings, pooling=pooling, normalize=normalize)
-    return dataclasses.replace(settings, pooling=resolve_pooling(settings.pooling, model_config))
+    # Unset choices: a sentence-transformers directory's own modules, else the defaults. A value
+    # given (--config.embedding.normalize=false) always wins over the directory's.
+    pooling, normalize = resolve_pooling(settings.pooling, model_config), True
+    if st_dir.is_sentence_transformers(config.init_from):
+      own_pooling, own_normalize = st_dir.pooling_of(config.init_from)
+      pooling = own_pooling if settings.pooling == "auto" else pooling
+      normalize = own_normalize
+    if settings.normalize is not None:
+      normalize = settings.normalize
+    return dataclasses.replace(settings, pooling=pooling, normalize=normalize)
 
   @property
   def contrastive(self) -> ContrastiveSettings:
@@ -180,6 +186,9 @@ class EmbeddingTask(FinetuneTask):
   # A packed train batch's token inputs [R, L] (`pack_batch`), then all its model inputs.
   packed_token_names = ("input_ids", "segment_ids", "position_ids")
   packed_names = (*packed_token_names, "starts")  # starts: [R, K].
+  # What the vectors are (checked on resume, `training/resume.py`), under config.embedding.
+  resume_identity = ("pooling", "normalize")
+  config_section = "embedding"
 
   @property
   def model(self) -> BertForEmbedding:

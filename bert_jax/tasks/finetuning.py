@@ -174,6 +174,10 @@ class FinetuneTask(Task):
   # The pretrained heads (weights.HEADS: pooler, mlm, nsp) the task reads from `init_from`:
   # loading one that lacks them says so; the others are no news (an embedding model has none).
   pretrained_heads_read: ClassVar[tuple[str, ...]] = ()
+  # Settings (of config.<config_section>) that say what the trained model computes: a resume
+  # with other values is refused (`training/resume.py`), e.g. an embedding's pooling.
+  resume_identity: ClassVar[tuple[str, ...]] = ()
+  config_section: ClassVar[str] = "task"
 
   @property
   def hf_architecture(self) -> str:

@@ -48,6 +48,15 @@ def check_resumable(checkpointer: checkpointing.Checkpointer, task: Task, meta: 
     raise ValueError(f"{where} was trained with the labels {list(saved_labels)}, this run has "
                      f"{list(labels or ())}: the classifier's rows would mean other labels. Give "
                      "--config.data.labels in the saved order, or use another --workdir")
+  # What the trained model computes (an embedding's pooling and normalisation): a resume under
+  # other values would go on training another function of the same params.
+  for name in getattr(task, "resume_identity", ()):
+    section = getattr(task, "config_section", "task")
+    if name in saved["task"] and saved["task"][name] != task.meta().get(name):
+      raise ValueError(f"{where} was trained with config.{section}.{name}="
+                       f"{saved['task'][name]!r}, this run has {task.meta().get(name)!r}: set "
+                       f"--config.{section}.{name}={_flag_value(saved['task'][name])} to resume "
+                       "it, or use another --workdir")
   # Checkpoints from before vocabulary padding record no vocab_pad_multiple: they are unpadded.
   saved_multiple = saved["model_config"].get("vocab_pad_multiple", 1)
   model_config = task.model_config
@@ -59,6 +68,10 @@ def check_resumable(checkpointer: checkpointing.Checkpointer, task: Task, meta: 
   check_state_settings(saved.get("config", {}), meta.get("config", {}), where,
                        checkpointer.workdir)
   check_steps(latest, meta.get("config", {}), where)
+
+
+def _flag_value(value: Any) -> str:
+  return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def check_steps(latest: int, config: dict[str, Any], where: str) -> None:
