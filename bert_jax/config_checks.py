@@ -32,7 +32,7 @@ Pure Python on the config: nothing here touches a device or a file.
 
 import math
 import numbers
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import ml_collections
 
@@ -715,6 +715,31 @@ def with_registered(rules: dict[str, Check]) -> dict[str, Check]:
   """`rules` and the rules the registries own: each registered optimizer's own config.train
   fields (`optimizer.OPTIMIZERS`; one added later, by a user's module or a test, included)."""
   return {**rules, **{f"train.{name}": check for name, check in optimizer.own_fields().items()}}
+
+
+# Sections that only some objectives (pretraining) or tasks (fine-tuning) read: an override of
+# one that the run's objective or task does not read is refused (`check_overrides_read`), not
+# ignored. Keys: section; values: the objectives / tasks that read it.
+PRETRAINING_SECTION_READERS = {"rtd": ("rtd", "rtd_nsp"),
+                               "diffusion": ("mlm_nsp", "mlm", "diffusion")}
+FINETUNING_SECTION_READERS = {"embedding": ("embedding",), "diffusion": ("diffusion_sft",)}
+
+
+def check_overrides_read(config: ml_collections.ConfigDict, overrides: Sequence[str],
+                         fine_tuning: bool) -> None:
+  """Refuses a `--config.<section>.<field>=...` override (as given on the command line) of a
+  section that this run's objective (pretraining) or task (fine-tuning) never reads."""
+  readers = FINETUNING_SECTION_READERS if fine_tuning else PRETRAINING_SECTION_READERS
+  chosen, what = ((config.task, "task") if fine_tuning
+                  else (config.data.objective, "objective"))
+  for override in overrides:
+    path = override.split("=", 1)[0].removeprefix("--config.")
+    section = path.split(".", 1)[0]
+    if section in readers and chosen not in readers[section]:
+      choose = "--config.task" if fine_tuning else "--config.data.objective"
+      raise ValueError(f"--config.{path} is not read by {what} {chosen!r}: config.{section} is "
+                       f"read by {what} {', '.join(repr(r) for r in readers[section])} only; "
+                       f"drop the override or set {choose}")
 
 
 def check_pretraining(config: ml_collections.ConfigDict) -> None:

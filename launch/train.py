@@ -18,9 +18,10 @@ cli.define_compile_flags()
 
 def main() -> None:
   import jax  # After distributed init.
-  from bert_jax import train
+  from bert_jax import config_checks, train
   from bert_jax.runtime import workdir_lock
   from bert_jax.training import aot
+  config_checks.check_overrides_read(flags.FLAGS.config, cli.config_overrides(), False)
   if cli.compile_only_requested():
     report = train.compile_report(flags.FLAGS.config,
                                   aot.target(flags.FLAGS.topology, flags.FLAGS.num_slices),

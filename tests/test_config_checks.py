@@ -383,3 +383,26 @@ def test_model_config_refuses_other_dtypes_with_a_value_error(dtype):
                                        r"'bfloat16'\]"):
     BertConfig(dtype=dtype)
   assert BertConfig(dtype="bfloat16", param_dtype="float32").dtype.name == "bfloat16"
+
+
+def test_an_override_of_a_section_the_run_never_reads_is_refused():
+  """The red team: config.rtd.* set with a non-RTD objective was ignored without a word; so
+  were the other sections that the chosen objective or task does not read."""
+  config = base.get_config()
+  config_checks.check_overrides_read(config, ["--config.diffusion.eval_points=8"], False)
+  with pytest.raises(ValueError, match=r"^--config.rtd.disc_weight is not read by objective "
+                                       r"'mlm_nsp': config.rtd is read by objective 'rtd', "
+                                       r"'rtd_nsp' only; drop the override or set "
+                                       r"--config.data.objective$"):
+    config_checks.check_overrides_read(config, ["--config.rtd.disc_weight=30"], False)
+  config.data.objective = "rtd"
+  config_checks.check_overrides_read(config, ["--config.rtd.disc_weight=30"], False)
+  with pytest.raises(ValueError, match=r"^--config.diffusion.schedule is not read by objective "
+                                       r"'rtd'"):
+    config_checks.check_overrides_read(config, ["--config.diffusion.schedule", "loglinear"],
+                                       False)
+  tuning = finetune_classification.get_config()
+  for override in ("--config.embedding.normalize=false", "--config.diffusion.eval_points=4"):
+    with pytest.raises(ValueError, match=r"is not read by task 'classification': "):
+      config_checks.check_overrides_read(tuning, [override], True)
+  config_checks.check_overrides_read(tuning, ["--config.train.learning_rate=1e-5"], True)

@@ -582,6 +582,8 @@ def test_every_bad_input_is_one_line_before_any_compile(prepared, tmp_path):
   cases = [
       (*train, "--config.model.num_hidden_layers=-1", 1, "num_hidden_layers=-1"),
       (*train, "--config.model.dtype=fp32", 1, "dtype='fp32'"),
+      (*train, "--config.rtd.disc_weight=30", 1, "--config.rtd.disc_weight is not read by "
+       "objective 'mlm_nsp'"),
       (*train, "--config.train.eval_batch_size=12", 1, "config.train.eval_batch_size=12 is not "
        "divisible"),
       (*train, "--config.train.lerning_rate=0.1", 2, "lerning_rate"),

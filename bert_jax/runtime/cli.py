@@ -87,6 +87,11 @@ def compile_steps() -> tuple[str, ...]:
   return tuple(s for s in aot.STEPS if s in steps)
 
 
+def config_overrides() -> list[str]:
+  """The command line's `--config.<section>.<field>` overrides, as given."""
+  return [a for a in sys.argv[1:] if a.startswith("--config.")]
+
+
 def print_report(report: dict) -> None:
   """The compile report as JSON on stdout."""
   import json  # pylint: disable=import-outside-toplevel
