@@ -328,9 +328,9 @@ def test_dataset_mismatch_and_batch_errors(prepared):
                      r"config.data.max_examples_per_row=4: set "
                      r"--config.data.max_examples_per_row=3 .*--max_examples_per_row=4"):
     pipeline.check_dataset_matches(meta, 300, LENGTH, "mlm_nsp", 4)
-  with pytest.raises(ValueError, match=r"prepared for objective 'mlm_nsp' but "
-                     r"config.data.objective='mlm': set --config.data.objective=mlm_nsp "
-                     r".*--objective=mlm"):
+  with pytest.raises(ValueError, match=r"prepared as 'mlm_nsp' rows but config.data.objective "
+                     r"reads 'mlm' rows: prepare the data again with --objective=mlm \(or train "
+                     r"an objective that reads these rows: mlm_nsp, rtd_nsp\)"):
     pipeline.check_dataset_matches(meta, 300, LENGTH, "mlm", SLOTS)
   mlm_meta = {**meta, "objective": "mlm", "max_examples_per_row": 1}
   pipeline.check_dataset_matches(mlm_meta, 300, LENGTH, "mlm", 4)  # K plays no part in "mlm".

@@ -59,10 +59,14 @@ def check_dataset_matches(meta: dict[str, Any], vocab_size: int, max_seq_length:
         f"{meta['max_seq_length']} (or prepare the data again with "
         f"--max_seq_length={max_seq_length})")
   if meta["objective"] != objective:
+    # `objective` is the run's row format: rtd and diffusion read "mlm" rows, rtd_nsp
+    # "mlm_nsp". Advise what keeps the run's objective first (the red team: an RTD run was told
+    # to switch to mlm_nsp, which would silently drop RTD).
+    readers = [o for o, rows in packing.ROW_FORMATS.items() if rows == meta["objective"]]
     problems.append(
-        f"the dataset was prepared for objective {meta['objective']!r} but "
-        f"config.data.objective={objective!r}: set --config.data.objective={meta['objective']} "
-        f"(or prepare the data again with --objective={objective})")
+        f"the dataset was prepared as {meta['objective']!r} rows but config.data.objective "
+        f"reads {objective!r} rows: prepare the data again with --objective={objective} (or "
+        f"train an objective that reads these rows: {', '.join(readers)})")
   elif int(meta["max_examples_per_row"]) != packing.examples_per_row(objective,
                                                                      int(max_examples_per_row)):
     problems.append(
