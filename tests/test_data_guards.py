@@ -441,6 +441,25 @@ def test_finetuning_files_without_records(tmp_path):
     finetune_data.TrainBatches(empty, 8, seed=0)
 
 
+def test_csv_texts_that_look_like_json_stay_texts(tmp_path):
+  """A CSV text starting with [ or { was parsed as JSON and refused: such texts could not be
+  given in CSV at all. Text fields are texts; a structured field (tags) is still JSON, and a
+  broken one is named with its line."""
+  path = tmp_path / "texts.csv"
+  path.write_text('text,text_b,label\n"[citation needed] it rains","{x} y",pos\n'
+                  '"{""a"": 1}",b,"[neg]"\n')
+  records = finetune_data.read_records(str(path))
+  assert [r[2] for r in records] == [
+      {"text": "[citation needed] it rains", "text_b": "{x} y", "label": "pos"},
+      {"text": '{"a": 1}', "text_b": "b", "label": "[neg]"}]
+  tags = tmp_path / "tags.csv"
+  tags.write_text('text,tags\n"a b","[""O"", ""B-X""]"\n"c","[broken"\n')
+  with pytest.raises(ValueError, match=r"tags.csv, line 3: field 'tags' is not valid JSON"):
+    finetune_data.read_records(str(tags))
+  tags.write_text('text,tags\n"a b","[""O"", ""B-X""]"\n')
+  assert finetune_data.read_records(str(tags))[0][2]["tags"] == ["O", "B-X"]
+
+
 def test_empty_texts_and_labels_are_refused_with_file_and_line(tmp_path):
   """An empty label would be a class of its own, a file of empty texts would fine-tune on
   [CLS] [SEP] and exit 0 (#37): each is refused where it is. An empty text_b is no text_b."""

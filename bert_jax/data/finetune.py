@@ -61,10 +61,18 @@ def _format_of(path: str, data_format: str) -> str:
                    "set config.data.format")
 
 
-def _csv_value(value: str) -> Any:
-  """CSV cells are strings; a cell holding a JSON list or object (e.g. a task's list of tags or
-  answers) is that list or object."""
-  return json.loads(value) if value.lstrip().startswith(("[", "{")) else value
+# Fields that hold text (or a label) and are never read as JSON, whatever they start with: a
+# CSV text "[citation needed] ..." or "{x}" is that text (the red team: such texts were parsed
+# as JSON and refused, so they could not be given in CSV at all).
+TEXT_FIELDS = ("text", "text_b", "query", "positive", "prompt", "response", "label")
+
+
+def _csv_value(name: str, value: str) -> Any:
+  """CSV cells are strings; a cell of a structured field holding a JSON list or object (a task's
+  tags, answers or negatives) is that list or object."""
+  if name in TEXT_FIELDS or not value.lstrip().startswith(("[", "{")):
+    return value
+  return json.loads(value)
 
 
 def read_records(path: str, data_format: str = "auto") -> list[Record]:
@@ -98,7 +106,7 @@ def read_records(path: str, data_format: str = "auto") -> list[Record]:
           if name is None or value is None or value == "":
             continue  # Extra cells, missing trailing cells, empty optional fields.
           try:
-            fields[name] = _csv_value(value)
+            fields[name] = _csv_value(name, value)
           except json.JSONDecodeError as e:
             raise ValueError(f"{path}, line {start}: field {name!r} is not valid JSON ({e})") from e
         records.append((path, start, fields))
