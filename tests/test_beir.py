@@ -60,6 +60,18 @@ def test_the_layout_is_read_as_beir_reads_it(tmp_path):
   with pytest.raises(ValueError, match=r"corpus.jsonl, line 49: _id 'doc3' again \(first on line "
                                        r"7\): ids must be unique$"):
     beir.read_task(str(tmp_path / "pairs"))
+  _write_task(tmp_path / "pairs")
+  with open(tmp_path / "pairs" / "corpus.jsonl", "a") as f:
+    f.write(json.dumps({"_id": "blank", "title": "", "text": " "}) + "\n")
+  with pytest.raises(ValueError, match=r"corpus.jsonl, line 49: _id 'blank' has no text \(nor a "
+                                       r"title\)$"):
+    beir.read_task(str(tmp_path / "pairs"))
+  _write_task(tmp_path / "pairs")
+  with open(tmp_path / "pairs" / "queries.jsonl", "ab") as f:
+    f.write(b'{"_id": "q_latin1", "text": "caf\xe9"}\n')
+  with pytest.raises(ValueError, match=r"queries.jsonl, line 26: not UTF-8 \(invalid continuation "
+                                       r"byte at byte \d+ of the line\)$"):
+    beir.read_task(str(tmp_path / "pairs"))
   os.remove(tmp_path / "pairs" / "queries.jsonl")
   with pytest.raises(ValueError, match=r"not a task in BEIR's layout \(missing queries.jsonl\)"):
     beir.read_task(str(tmp_path / "pairs"))

@@ -452,6 +452,11 @@ def test_csv_texts_that_look_like_json_stay_texts(tmp_path):
   assert [r[2] for r in records] == [
       {"text": "[citation needed] it rains", "text_b": "{x} y", "label": "pos"},
       {"text": '{"a": 1}', "text_b": "b", "label": "[neg]"}]
+  latin = tmp_path / "latin1.jsonl"
+  latin.write_bytes(b'{"text": "a", "label": "x"}\n' * 3 + b'{"text": "caf\xe9", "label": "x"}\n')
+  with pytest.raises(ValueError, match=r"latin1.jsonl, line 4: not UTF-8 \(invalid continuation "
+                                       r"byte at byte 13 of the line\); save the file as UTF-8$"):
+    finetune_data.read_records(str(latin))
   tags = tmp_path / "tags.csv"
   tags.write_text('text,tags\n"a b","[""O"", ""B-X""]"\n"c","[broken"\n')
   with pytest.raises(ValueError, match=r"tags.csv, line 3: field 'tags' is not valid JSON"):

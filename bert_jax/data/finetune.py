@@ -80,6 +80,19 @@ def read_records(path: str, data_format: str = "auto") -> list[Record]:
   lines skipped)."""
   if not storage.isfile(path):
     raise ValueError(f"Data file {path} does not exist")
+  try:
+    return _read_records(path, data_format)
+  except UnicodeDecodeError:  # Decoded in chunks: find the line (the red team: no file, no line).
+    for number, raw in enumerate(storage.read_bytes(path).splitlines(), 1):
+      try:
+        raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise ValueError(f"{path}, line {number}: not UTF-8 ({e.reason} at byte {e.start} of "
+                         "the line); save the file as UTF-8") from None
+    raise
+
+
+def _read_records(path: str, data_format: str) -> list[Record]:
   records = []
   # Bytes decoded here (local or in a bucket), with newline="" so that csv
   # sees line ends as written (quoted fields may hold them). A bucket's file streams too.

@@ -43,7 +43,12 @@ class BeirTask:
 def _jsonl(path: str) -> list[tuple[int, dict[str, Any]]]:
   """(line number, record) of each non-blank line."""
   rows = []
-  for number, line in enumerate(storage.read_text(path).splitlines(), 1):
+  for number, raw in enumerate(storage.read_bytes(path).splitlines(), 1):
+    try:
+      line = raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+      raise ValueError(f"{path}, line {number}: not UTF-8 ({e.reason} at byte {e.start} of the "
+                       "line)") from None
     if line.strip():
       try:
         rows.append((number, json.loads(line)))
@@ -68,6 +73,9 @@ def _texts(path: str, with_title: bool) -> dict[str, str]:
     text = row["text"]
     if with_title and row.get("title"):
       text = f"{row['title']} {text}"
+    if not text.strip():  # Else the model's refusal would name a list index, not this line.
+      raise ValueError(f"{path}, line {number}: _id {key!r} has no text"
+                       + (" (nor a title)" if with_title else ""))
     texts[key], first[key] = text, number
   return texts
 
