@@ -26,9 +26,9 @@ def main() -> None:
   from bert_jax.training import aot
   config_checks.check_overrides_read(flags.FLAGS.config, cli.config_overrides(), True)
   if cli.compile_only_requested():
-    report = finetune.compile_report(flags.FLAGS.config,
-                                     aot.target(flags.FLAGS.topology, flags.FLAGS.num_slices),
-                                     cli.compile_steps())
+    target = aot.target(flags.FLAGS.topology, flags.FLAGS.num_slices)
+    cli.stop_at_once_on_signals("--compile_only")  # After libtpu's own handlers.
+    report = finetune.compile_report(flags.FLAGS.config, target, cli.compile_steps())
     cli.print_report(report)
     aot.check_fits(report)
     return

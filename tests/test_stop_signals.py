@@ -113,6 +113,28 @@ def test_sigint_during_a_compile_exits_130_after_one_line(tmp_path):
   assert "Traceback" not in result.stderr
 
 
+@pytest.mark.parametrize("name", ["SIGTERM", "SIGINT"])
+def test_a_signal_during_a_compile_only_compile_stops_at_once_in_one_line(name):
+  """--compile_only --topology: libtpu's handler printed a stack trace on SIGTERM, and Python's
+  handlers wait for a compile to return (minutes for a large config). Both signals now end the
+  process at once with one line (`cli.stop_at_once_on_signals`); nothing is written."""
+  from tests.test_train_e2e import TINY, _env  # pylint: disable=import-outside-toplevel
+  script = _SIGINT_IN_THE_COMPILE.replace("signal.SIGINT", f"signal.{name}")
+  start = time.time()
+  result = subprocess.run(
+      [sys.executable, "-c", script, os.path.join(ROOT, "launch", "train.py"), *TINY,
+       "--config.data.source=synthetic", "--compile_only", "--topology=v5e:2x2"],
+      cwd=ROOT, env={**_env(), "PYTHONPATH": ROOT, "JAX_PLATFORMS": "cpu"},
+      capture_output=True, text=True, timeout=300)
+  assert "compile began" in result.stdout, result.stderr[-3000:]
+  assert "{" not in result.stdout  # No report.
+  number = getattr(signal, name)
+  assert result.returncode == 128 + number, (result.returncode, result.stderr[-3000:])
+  assert result.stderr.strip() == (f"error: stopped by {name} during --compile_only; nothing "
+                                   "was written")
+  assert time.time() - start < 120
+
+
 def test_errors_of_the_wait_come_back_to_the_caller():
   with pytest.raises(ValueError, match="disk"):
     stop_signals.interruptible(lambda: (_ for _ in ()).throw(ValueError("disk")), "a write")

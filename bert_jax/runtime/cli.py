@@ -87,6 +87,30 @@ def compile_steps() -> tuple[str, ...]:
   return tuple(s for s in aot.STEPS if s in steps)
 
 
+def stop_at_once_on_signals(what: str) -> None:
+  """SIGTERM and SIGINT end the process at once, with one line, while `what` runs in C++ (a
+  compile holds the main thread for minutes, so Python's own handlers would wait for it, and
+  libtpu's handler printed a stack trace on SIGTERM). The signals' handlers here only wake a
+  thread (Python writes each signal's number to the wakeup fd from its C-level handler, in any
+  thread), and that thread reports and exits. For a process that writes nothing: nothing is
+  lost. Main thread only."""
+  read, write = os.pipe()
+  os.set_blocking(write, False)
+  signal.set_wakeup_fd(write, warn_on_full_buffer=False)
+  for number in (signal.SIGTERM, signal.SIGINT):
+    signal.signal(number, lambda *_: None)
+
+  def watch() -> None:
+    while True:
+      for number in os.read(read, 64):
+        if number in (signal.SIGTERM, signal.SIGINT):
+          name = signal.Signals(number).name
+          _report(f"stopped by {name} during {what}; nothing was written")
+          _exit_at_once(128 + number)
+
+  threading.Thread(target=watch, name="stop_at_once", daemon=True).start()
+
+
 def config_overrides() -> list[str]:
   """The command line's `--config.<section>.<field>` overrides, as given."""
   return [a for a in sys.argv[1:] if a.startswith("--config.")]
