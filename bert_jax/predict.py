@@ -239,6 +239,10 @@ class Finetuned:
   step: int
 
 
+# The tasks a pretraining checkpoint records (`tasks.PretrainingTask` and its objectives').
+PRETRAINING_TASKS = ("pretraining", "rtd", "diffusion")
+
+
 def load_finetuned(workdir: str) -> Finetuned:
   """The best export of a `launch/finetune.py` workdir (or a step directory of it)."""
   step_dir = checkpointing.find_step_dir(workdir)
@@ -247,9 +251,16 @@ def load_finetuned(workdir: str) -> Finetuned:
                      "launch/finetune.py writes)")
   meta = checkpointing.read_meta(step_dir)
   saved_task = meta.get("task")
-  if not isinstance(saved_task, dict) or saved_task.get("name") not in tasks.FINETUNE_TASKS:
+  name = saved_task.get("name") if isinstance(saved_task, dict) else None
+  if name not in tasks.FINETUNE_TASKS and isinstance(name, str) and name in PRETRAINING_TASKS:
+    # The red team: a pretraining workdir was called "not of this bert_jax version".
+    raise ValueError(f"{workdir} is a pretraining run (task {name!r}), not a fine-tuned "
+                     "one: fine-tune it first (launch/finetune.py --config.init_from="
+                     f"{workdir}), or read it with --mode=fill_mask, --mode=generate or "
+                     "--mode=embed")
+  if name not in tasks.FINETUNE_TASKS:
     raise ValueError(f"{step_dir} is not a fine-tuned checkpoint of this bert_jax version "
-                     f"(task {saved_task!r}); fine-tune again with launch/finetune.py")
+                     f"(task {name!r}); fine-tune again with launch/finetune.py")
   task_class = tasks.finetune_task(saved_task["name"])
   task = task_class(BertConfig(**meta["model_config"]),
                     task_class.settings_class.from_meta(saved_task))

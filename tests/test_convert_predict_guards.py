@@ -457,3 +457,23 @@ def test_predict_launcher_notes_truncation_and_refuses_bad_flags(tmp_path):
   for name, result in results.items():
     if result.returncode == 2:  # A usage error is one line: no usage page.
       assert len(result.stderr.strip().splitlines()) == 1, (name, result.stderr)
+
+
+def test_a_pretraining_workdir_given_for_a_fine_tuned_one_says_what_it_is(monkeypatch):
+  """The red team: --mode=classify on a pretraining workdir said "not a fine-tuned checkpoint of
+  this bert_jax version" and printed the whole masking config."""
+  from bert_jax import predict  # pylint: disable=import-outside-toplevel
+  from bert_jax.checkpoints import checkpointing  # pylint: disable=import-outside-toplevel
+  monkeypatch.setattr(checkpointing, "find_step_dir", lambda workdir: f"{workdir}/checkpoints/5")
+  for name in predict.PRETRAINING_TASKS:
+    monkeypatch.setattr(checkpointing, "read_meta",
+                        lambda step_dir, name=name: {"task": {"name": name, "masking": {}}})
+    with pytest.raises(ValueError, match=rf"^runs/tiny is a pretraining run \(task '{name}'\), "
+                                         r"not a fine-tuned one: fine-tune it first \("
+                                         r"launch/finetune.py --config.init_from=runs/tiny\), or "
+                                         r"read it with --mode=fill_mask"):
+      predict.load_finetuned("runs/tiny")
+  monkeypatch.setattr(checkpointing, "read_meta", lambda step_dir: {"task": {"name": "ner"}})
+  with pytest.raises(ValueError, match=r"not a fine-tuned checkpoint of this bert_jax version "
+                                       r"\(task 'ner'\)"):
+    predict.load_finetuned("runs/tiny")
