@@ -474,6 +474,8 @@ def test_empty_texts_and_labels_are_refused_with_file_and_line(tmp_path):
       ("labels.jsonl", '{"text": "a b", "label": "x"}\n\n{"text": "c", "label": ""}\n',
        "line 3: field 'label' is empty"),
       ("labels.csv", 'text,label\n"a b",x\n"c d"," "\n', "line 3: field 'label' is empty"),
+      ("null.jsonl", '{"text": "a b", "label": "x"}\n{"text": "c", "label": null}\n',
+       "line 2: field 'label' is null; give a value or leave the record out"),
   ]
   for name, content, message in cases:
     path = str(tmp_path / name)

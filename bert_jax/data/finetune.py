@@ -141,6 +141,9 @@ def _check_not_blank(record: Record) -> None:
     value = record[2].get(name)
     if isinstance(value, str) and not value.strip():
       raise ValueError(f"{where(record)}: field {name!r} is empty")
+    if name in record[2] and value is None:  # JSON null: not a class "None", not a text.
+      raise ValueError(f"{where(record)}: field {name!r} is null; give a value or leave the "
+                       "record out")
 
 
 def where(record: Record) -> str:
