@@ -477,3 +477,19 @@ def test_a_pretraining_workdir_given_for_a_fine_tuned_one_says_what_it_is(monkey
   with pytest.raises(ValueError, match=r"not a fine-tuned checkpoint of this bert_jax version "
                                        r"\(task 'ner'\)"):
     predict.load_finetuned("runs/tiny")
+
+
+def test_an_output_dir_that_is_a_file_is_one_line_and_the_file_stays(tmp_path):
+  """The red team: "[Errno 20] Not a directory" from downstream, and fresh_output_dir with
+  --overwrite would have removed a file as if it were an old export."""
+  from bert_jax.weights import files  # pylint: disable=import-outside-toplevel
+  path = tmp_path / "notes.txt"
+  path.write_text("mine")
+  for overwrite in (False, True):
+    with pytest.raises(ValueError, match=r"notes.txt is a file, not a directory: give a "
+                                         r"directory \(it is created if missing\)$"):
+      files.fresh_output_dir(str(path), overwrite)
+  with pytest.raises(ValueError, match=r"^--output_dir=\S+notes.txt is a file"):
+    files.check_output_dir(str(path), "--output_dir")
+  assert path.read_text() == "mine"
+  assert files.check_output_dir(str(tmp_path / "new")) == str(tmp_path / "new")

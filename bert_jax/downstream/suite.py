@@ -758,6 +758,11 @@ def run_from_flags(argv: Sequence[str]) -> dict[str, Any] | None:
   """The launcher's main: the flags checked (a bad one: app.UsageError naming it), then
   `run_suite`. `argv` starts a device group's process (the launcher and its arguments)."""
   f = flags.FLAGS
+  from bert_jax.weights import files  # pylint: disable=g-import-not-at-top
+  try:
+    files.check_output_dir(f.output_dir or "", "--output_dir")
+  except ValueError as e:
+    raise app.UsageError(str(e)) from e
   if f.suite in ("beir", "local_retrieval"):
     return _run_beir(f)
   if f.data_dir:

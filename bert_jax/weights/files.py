@@ -25,10 +25,21 @@ def write_json(path: str, value: dict) -> None:
   storage.write_text(path, json.dumps(value, indent=2))
 
 
+def check_output_dir(directory: str, flag: str = "") -> str:
+  """`directory` (absolute), refused in one line when it is a file: it would be created as a
+  directory (the red team: "[Errno 20] Not a directory", or --overwrite deleting the file)."""
+  directory = storage.absolute(os.fspath(directory))
+  if storage.exists(directory) and not storage.isdir(directory):
+    raise ValueError(f"{flag + '=' if flag else ''}{directory} is a file, not a directory: give "
+                     "a directory (it is created if missing)")
+  return directory
+
+
 def fresh_output_dir(directory: str, overwrite: bool) -> str:
   """`directory` as an absolute path (a bucket URL unchanged), created empty. A non-empty one is
-  replaced only with `overwrite` (a conversion must never mix its files with an older one's)."""
-  directory = storage.absolute(os.fspath(directory))
+  replaced only with `overwrite` (a conversion must never mix its files with an older one's); a
+  file is never taken for one."""
+  directory = check_output_dir(directory)
   if storage.exists(directory) and (not storage.isdir(directory) or storage.listdir(directory)):
     if not overwrite:
       raise ValueError(f"{directory} exists and is not empty; choose another directory or "
