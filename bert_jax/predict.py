@@ -176,7 +176,16 @@ def conditional(checkpoint: str | tuple[BertConfig, dict, Vocab]) -> bool:
   if not isinstance(checkpoint, str):
     return False
   step_dir = checkpointing.find_step_dir(checkpoint)
-  if step_dir is None:
+  if step_dir is None:  # An HF export of one records its task (the red team: it generated in
+    # the pretraining layout, and accepted no prompt).
+    from bert_jax.weights import hf  # pylint: disable=import-outside-toplevel
+    config_file = storage.join(checkpoint, hf.CONFIG_FILE)
+    if storage.isfile(config_file):
+      try:
+        recorded = json.loads(storage.read_text(config_file)).get(hf.TASK_KEY)
+      except (ValueError, AttributeError):
+        return False
+      return recorded == tasks.DiffusionSftTask.name
     return False
   saved_task = checkpointing.read_meta(step_dir).get("task")
   return isinstance(saved_task, dict) and saved_task.get("name") == tasks.DiffusionSftTask.name

@@ -3,6 +3,7 @@ masked, the loss covers the response only, and a fine-tuned model generates the 
 prompt through launch/predict.py's generate path."""
 
 import json
+import os
 
 import jax
 import jax.numpy as jnp
@@ -151,3 +152,13 @@ def test_fine_tuned_model_answers_its_prompts_and_exports_its_mlm_head(tmp_path)
     predict.generate(workdir, 4, settings)
   architecture = hf_export.export(workdir, str(tmp_path / "hf"))
   assert architecture == "BertForPreTraining", architecture
+  # The export generates in the fine-tune's own layout: the workdir's texts, prompt required.
+  exported = str(tmp_path / "hf")
+  assert json.load(open(os.path.join(exported, "config.json")))["bert_jax_task"] == "diffusion_sft"
+  assert predict.conditional(exported) and not predict.conditional(str(tmp_path))
+  settings = sampler.SamplerSettings(steps=4)  # Ancestral: the seed matters.
+  for p in pairs[:3]:
+    assert predict.generate(exported, 4, settings, p["prompt"], seed=5) == \
+        predict.generate(workdir, 4, settings, p["prompt"], seed=5)
+  with pytest.raises(ValueError, match="diffusion_sft fine-tune: it generates a response"):
+    predict.generate(exported, 4, settings)

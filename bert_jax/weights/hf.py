@@ -308,13 +308,20 @@ def _modern_config(config: BertConfig, architecture: str, vocab: Vocab | None) -
   return {**hf_modernbert.config_to_hf(config, special_ids), "architectures": [architecture]}
 
 
+# config.json's key naming the bert_jax task a pretraining-layout export was fine-tuned for
+# (diffusion_sft: generation then follows that task's rows; `predict.conditional`).
+TASK_KEY = "bert_jax_task"
+
+
 def save_hf(output_dir: str, params: Mapping, config: BertConfig, vocab: Vocab | None,
-            overwrite: bool = False, head: params_lib.TaskHead | None = None) -> str:
+            overwrite: bool = False, head: params_lib.TaskHead | None = None,
+            task: str = "") -> str:
   """Writes a HuggingFace directory: config.json, model.safetensors (BertForPreTraining names,
   or ModernBERT's for the modern encoder; tied decoder keys omitted as transformers' own
   save_pretrained does) and the tokenizer (`hf_tokenizer.tokenizer_files`). With a task `head`
   (`FinetuneTask.hf_head`), its task model instead: the encoder (no pretraining heads), the
-  head's parameters, and config.json's id2label / label2id / problem_type. Returns the
+  head's parameters, and config.json's id2label / label2id / problem_type. `task` (a fine-tune
+  kept in the pretraining layout) is recorded as config.json's TASK_KEY. Returns the
   transformers architecture written (heads decide it, see `hf_architecture`)."""
   if config.embedding_width != config.hidden_size:
     raise ValueError(f"embedding_size={config.embedding_size} differs from hidden_size="
@@ -333,6 +340,8 @@ def save_hf(output_dir: str, params: Mapping, config: BertConfig, vocab: Vocab |
   hf_config = make_config(config, architecture, vocab)
   if head is not None:
     hf_config.update(hf_heads.config_fields(head))
+  if task:
+    hf_config[TASK_KEY] = task
   write_directory(output_dir, hf_config, state, vocab, config.max_position_embeddings, family,
                   overwrite)
   if head is None:

@@ -40,7 +40,7 @@ def export(path: str, output_dir: str, overwrite: bool = False) -> str:
   family = hf.hf_family(task.model_config)
   if task.exports_pretraining_heads:
     config, params = unpad_vocab(task.model_config, jax.device_get(finetuned.params))
-    return hf.save_hf(output_dir, params, config, finetuned.vocab, overwrite)
+    return hf.save_hf(output_dir, params, config, finetuned.vocab, overwrite, task=task.name)
   if not task.hf_task:
     raise ValueError(f"{path}: task {task.name!r} has no HuggingFace task model; "
                      "--encoder_only exports its encoder")
