@@ -265,8 +265,9 @@ def table(rows: Rows) -> None:
     if key not in tried:
       return "not searched"
     fit = [b for b, ok in tried[key].items() if ok]
-    if not fit:
-      return "0" if tried[key].get(1) is False else "not found"
+    if not fit:  # Every compile refused: 0 when 1 row was, else below the smallest tried.
+      return ("0" if tried[key].get(1) is False
+              else f"< {min(tried[key])} (search stopped)")
     best = max(fit)
     confirmed = any(not ok and best < b <= best + step_of(best, 1) for b, ok in tried[key].items())
     return str(best) if confirmed else f">= {best}"
