@@ -292,36 +292,12 @@ def register_tfds_builder(name: str) -> None:
 TFDS_REQUIREMENTS = "requirements-downstream.txt"
 
 
-# A host every TFDS download path needs (its GCS mirror and metadata): unreachable means offline.
-TFDS_PROBE_HOST = "storage.googleapis.com"
-
-
-def _check_downloadable(name: str, data_dir: str | None) -> None:
-  """A dataset not yet prepared in `data_dir` is downloaded first: offline, that is one line at
-  once (TFDS itself retried for 209 s before its error, the red team found)."""
-  import socket  # pylint: disable=import-outside-toplevel
-  import tensorflow_datasets as tfds  # pylint: disable=import-outside-toplevel
-  builder = tfds.builder(name, data_dir=data_dir, file_format="array_record")
-  if builder.is_prepared():
-    return
-  try:
-    socket.create_connection((TFDS_PROBE_HOST, 443), timeout=5).close()
-  except OSError as e:
-    raise ValueError(
-        f"TFDS dataset {name!r} is not prepared in {data_dir or tfds.core.constants.DATA_DIR} "
-        f"and this machine cannot reach {TFDS_PROBE_HOST} to download it ({e}): prepare it "
-        "where there is internet and copy its TFDS data directory here "
-        "(--config.data.tfds_data_dir), or give the data as JSONL/CSV files") from None
-
-
 def tfds_data_source(name: str, split: str, data_dir: str | None = None):
-  """`tfds.data_source` of a registered TFDS dataset (downloaded and prepared on first use; one
-  line at once when that is needed offline); a module its builder lacks is one line naming the
-  requirements file that installs it."""
+  """`tfds.data_source` of a registered TFDS dataset (downloaded and prepared on first use); a
+  module its builder lacks is one line naming the requirements file that installs it."""
   import tensorflow_datasets as tfds
   try:
     register_tfds_builder(name)
-    _check_downloadable(name, data_dir)
     # Prepared as ArrayRecord, which TFDS writes without TensorFlow (its default, TFRecord,
     # needs it) and which random access reads.
     return tfds.data_source(name, split=split, data_dir=data_dir,
