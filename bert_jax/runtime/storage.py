@@ -174,22 +174,11 @@ def write_bytes(path: str | os.PathLike, data: bytes) -> None:
   if is_remote(path):
     _fs(path).pipe_file(path, data)  # An object upload is atomic.
     return
-  directory = os.path.dirname(os.path.abspath(path))
-  os.makedirs(directory, exist_ok=True)
-  # Created with mode 0666 so that the kernel applies the umask, as for a plain open() (mkstemp
-  # makes 0600 files whatever the umask: a group sharing the workdir could not read them).
-  tmp = os.path.join(directory, f".tmp-{uuid.uuid4().hex}")
-  fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-  try:  # Whatever stops it (an error, Ctrl-C's KeyboardInterrupt), no .tmp-* file stays.
-    with os.fdopen(fd, "wb") as f:
+  os.makedirs(os.path.dirname(os.path.abspath(path)), exist_ok=True)
+  # Whatever stops it (an error, Ctrl-C's KeyboardInterrupt), no .tmp-* file stays.
+  with local_file_in_place(path) as tmp:
+    with open(tmp, "xb") as f:  # O_EXCL, mode 0666 less the umask (as for any open()).
       f.write(data)
-    os.replace(tmp, path)
-  except BaseException:
-    try:
-      os.remove(tmp)
-    except OSError:
-      pass
-    raise
 
 
 def umask() -> int:
