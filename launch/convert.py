@@ -152,7 +152,9 @@ def _convert(flag_values) -> str:
       architecture = hf_export.export(flag_values.from_bert_jax, flag_values.to_hf,
                                       flag_values.overwrite)
       return f"Wrote {architecture} to {flag_values.to_hf}"
-    config, params, vocab = weights.load_pretrained(flag_values.from_bert_jax)
+    # A conversion copies the heads there are (save_hf says what HF will initialise): no
+    # "initialise them before use" warning about the ones it does not have.
+    config, params, vocab = weights.load_pretrained(flag_values.from_bert_jax, uses=())
     architecture = weights.save_hf(flag_values.to_hf, params, config, vocab,
                                    overwrite=flag_values.overwrite)
     return f"Wrote {architecture} to {flag_values.to_hf}"

@@ -507,3 +507,60 @@ def test_eval_batch_larger_than_the_validation_set_is_padded():
   batch = next(train)
   assert batch["input_ids"].shape == (8, 4)
   assert sorted(map(tuple, batch["input_ids"][:3])) == sorted(map(tuple, ids))
+
+
+def test_an_export_onto_a_full_disk_is_one_line_and_keeps_what_was_there(tmp_path):
+  """The red team: an HF export onto a full disk ended in a 31-line safetensors traceback and
+  left a half-written directory (config.json without weights). Exports are written beside the
+  target and renamed: a failure leaves neither a partial directory nor a damaged old one."""
+  import flax.linen as nn  # pylint: disable=import-outside-toplevel
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  from bert_jax import weights  # pylint: disable=import-outside-toplevel
+  from bert_jax.models.model import BertConfig, BertModel  # pylint: disable=import-outside-toplevel
+  (tmp_path / "vocab.txt").write_text("\n".join(
+      ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *"abcdefghij"]) + "\n")
+  vocab = vocab_lib.Vocab.load(str(tmp_path / "vocab.txt"))
+  config = BertConfig(vocab_size=vocab.size, hidden_size=64, num_hidden_layers=2,
+                      num_attention_heads=2, intermediate_size=128, max_position_embeddings=64)
+  ids = jnp.zeros((1, 8), jnp.int32)
+  params = {"bert": nn.unbox(BertModel(config, add_pooling_layer=True).init(
+      jax.random.key(0), ids, ids, jnp.ones_like(ids))["params"])}
+  pretrained = weights.save_pretrained(str(tmp_path / "pretrained"), params, config, vocab)
+
+  disk = str(tmp_path / "disk")
+  os.makedirs(disk)
+  if subprocess.run(["mount", "-t", "tmpfs", "-o", "size=2m", "tmpfs", disk],
+                    capture_output=True).returncode != 0:
+    pytest.fail("this test needs `mount -t tmpfs` (root), as the CI machine has")
+  try:
+    old = os.path.join(disk, "export")
+    weights.save_hf(old, params, config, vocab)  # ~0.5 MB of weights.
+    before = {name: open(os.path.join(old, name), "rb").read() for name in os.listdir(old)}
+    free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+    with open(os.path.join(disk, "filler"), "wb") as f:  # Room for config.json, not weights.
+      f.write(b"\0" * (free - 64 * 1024))
+
+    with pytest.raises(OSError, match=f"Could not write model.safetensors in {old}: .*No space"):
+      weights.save_hf(old, params, config, vocab, overwrite=True)
+    assert sorted(os.listdir(disk)) == ["export", "filler"]  # No staged directory stays.
+    assert {name: open(os.path.join(old, name), "rb").read() for name in os.listdir(old)} == before
+    target = os.path.join(disk, "pretrained")  # The bert_jax format (orbax) likewise.
+    with pytest.raises(OSError, match=f"Could not write params in {target}: No space left on "
+                                      r"device\. Nothing of it was kept\.$"):
+      weights.save_pretrained(target, params, config, vocab)
+    assert sorted(os.listdir(disk)) == ["export", "filler"]
+
+    new = os.path.join(disk, "new")
+    result = subprocess.run(
+        [sys.executable, os.path.join(ROOT, "launch", "convert.py"),
+         f"--from_bert_jax={pretrained}", f"--to_hf={new}"],
+        capture_output=True, text=True, timeout=240, cwd=ROOT,
+        env=dict(os.environ, JAX_PLATFORMS="cpu"))
+    lines = [line for line in result.stderr.splitlines() if line.strip()]
+    assert result.returncode == 1 and "Traceback" not in result.stderr, result.stderr[-3000:]
+    assert len(lines) == 1 and lines[0].startswith(
+        f"error: Could not write model.safetensors in {new}: "), lines
+    assert sorted(os.listdir(disk)) == ["export", "filler"]
+  finally:
+    subprocess.run(["umount", "-l", disk], check=False)

@@ -18,6 +18,7 @@ import dataclasses
 import hashlib
 import json
 import os
+import posixpath
 import re
 import threading
 import time
@@ -124,7 +125,9 @@ def _os_cause(error: BaseException) -> BaseException:
 
 
 @contextlib.contextmanager
-def _reporting(directory: str, what: str):
+def _reporting(directory: str, what: str,
+               after: str = ("a restart resumes from the last complete checkpoint once the "
+                             "cause is fixed (free space, permissions).")):
   """Turns a failed write into one `CheckpointSaveError` naming the directory and cause."""
   try:
     yield
@@ -138,9 +141,8 @@ def _reporting(directory: str, what: str):
     logging.info("Writing %s in %s failed: %s", what, directory, cause)
     raise CheckpointSaveError(
         f"Could not write {what} in {directory}: "
-        f"{found.group(0) if found else ' '.join(cause.split())}. Nothing of it was kept; a "
-        "restart resumes from the last complete checkpoint once the cause is fixed "
-        "(free space, permissions).") from e
+        f"{found.group(0) if found else ' '.join(cause.split())}. Nothing of it was kept"
+        f"{'; ' + after if after else '.'}") from e
 
 
 def _manager_options(max_to_keep: int, async_save: bool) -> ocp.CheckpointManagerOptions:
@@ -604,11 +606,14 @@ def restore_params(step_dir: str) -> dict:
   return restore_tree(storage.join(step_dir, "state"), subtree="params")
 
 
-def save_tree(directory: str, tree) -> None:
-  """A pytree as an orbax checkpoint of its own (e.g. a pretrained directory's `params/`)."""
-  with ocp.StandardCheckpointer() as checkpointer:
-    checkpointer.save(storage.absolute(directory), tree)
-    checkpointer.wait_until_finished()
+def save_tree(directory: str, tree, shown_as: str | None = None) -> None:
+  """A pytree as an orbax checkpoint of its own (e.g. a pretrained directory's `params/`); a
+  failed write is one `CheckpointSaveError` naming `shown_as` (default: `directory`)."""
+  where, what = posixpath.split((shown_as or directory).rstrip("/"))
+  with _reporting(where, what, after=""):
+    with ocp.StandardCheckpointer() as checkpointer:
+      checkpointer.save(storage.absolute(directory), tree)
+      checkpointer.wait_until_finished()
 
 
 def saved_tree(directory: str):

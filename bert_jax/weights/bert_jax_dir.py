@@ -67,15 +67,18 @@ def save_pretrained(directory: str, params: Mapping, model_config: BertConfig,
     raise ValueError(f"The vocabulary has {vocab.size} tokens but the model only "
                      f"vocab_size={model_config.vocab_size} embeddings")
   # Only now, with everything checked, may an existing directory go.
-  directory = files.fresh_output_dir(os.fspath(directory), overwrite)
-  checkpointing.save_tree(storage.join(directory, PARAMS_DIR), params)
-  files.write_json(storage.join(directory, CONFIG_FILE),
-                   {**params_lib.config_dict(model_config), "model_type": "bert"})
-  if vocab is not None:
-    vocab.save(storage.join(directory, VOCAB_DIR))
-  # Last: a directory without it (an interrupted save) is not taken for a pretrained one.
-  files.write_json(storage.join(directory, FORMAT_FILE), _format_info(params, vocab, note))
-  return directory
+  final = files.check_output_dir(os.fspath(directory))
+  with files.output_dir_in_place(final, overwrite) as directory:
+    checkpointing.save_tree(storage.join(directory, PARAMS_DIR), params,
+                            shown_as=storage.join(final, PARAMS_DIR))
+    files.write_json(storage.join(directory, CONFIG_FILE),
+                     {**params_lib.config_dict(model_config), "model_type": "bert"})
+    if vocab is not None:
+      vocab.save(storage.join(directory, VOCAB_DIR))
+    # Last: a directory without it (an interrupted save in a bucket) is not taken for a
+    # pretrained one.
+    files.write_json(storage.join(directory, FORMAT_FILE), _format_info(params, vocab, note))
+  return final
 
 
 def _read_format_info(directory: str) -> dict:

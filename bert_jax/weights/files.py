@@ -2,10 +2,13 @@
 directories that are never silently overwritten, and never one that is, holds or lies inside a
 conversion's input. Paths are local or in a bucket (gs://, through `bert_jax.runtime.storage`)."""
 
+import contextlib
 import json
 import os
 import posixpath
-from typing import Mapping
+import shutil
+import uuid
+from typing import Iterator, Mapping
 
 from bert_jax.runtime import storage
 
@@ -47,6 +50,66 @@ def fresh_output_dir(directory: str, overwrite: bool) -> str:
     storage.remove_tree(directory)
   storage.makedirs(directory)  # (In a bucket directories exist only through their files.)
   return directory
+
+
+# Directories an enclosing `output_dir_in_place` is writing -> the directory they become.
+_STAGED: dict[str, str] = {}
+
+
+def shown(path: str) -> str:
+  """`path` as messages name it: a staged export directory by the directory it becomes."""
+  return _STAGED.get(path, path)
+
+
+@contextlib.contextmanager
+def output_dir_in_place(directory: str, overwrite: bool) -> Iterator[str]:
+  """An export written whole or not at all. Yields an empty directory beside local `directory`
+  (`.NAME.partial-*`); when the block succeeds it replaces `directory` by renames, and when
+  anything stops it (an error, a full disk, Ctrl-C) it is deleted and `directory` is as it was.
+  A non-empty `directory` is refused before anything is written unless `overwrite`. Nested
+  inside another's block, it writes straight into that staged directory. In a bucket, where
+  objects have no atomic rename, the files go straight to `directory` and a failure deletes
+  what the block wrote there."""
+  directory = check_output_dir(directory)
+  if directory in _STAGED:
+    yield fresh_output_dir(directory, overwrite)
+    return
+  if storage.listdir(directory) and not overwrite:
+    raise ValueError(f"{directory} exists and is not empty; choose another directory or "
+                     "pass overwrite=True (--overwrite)")
+  if storage.is_remote(directory):
+    existed = storage.exists(directory)
+    try:
+      yield fresh_output_dir(directory, overwrite)
+    except BaseException:
+      if not existed:
+        storage.remove_tree(directory)
+      raise
+    return
+  parent, name = os.path.split(directory)
+  os.makedirs(parent, exist_ok=True)
+  staged = os.path.join(parent, f".{name}.partial-{uuid.uuid4().hex[:12]}")
+  os.mkdir(staged)
+  _STAGED[staged] = directory
+  try:
+    yield staged
+    old = None
+    if os.path.lexists(directory):
+      old = os.path.join(parent, f".{name}.old-{uuid.uuid4().hex[:12]}")
+      os.rename(directory, old)
+    try:
+      os.rename(staged, directory)
+    except BaseException:
+      if old is not None:
+        os.rename(old, directory)
+      raise
+  except BaseException:
+    shutil.rmtree(staged, ignore_errors=True)
+    raise
+  finally:
+    _STAGED.pop(staged, None)
+  if old is not None:
+    shutil.rmtree(old, ignore_errors=True)
 
 
 def _comparable(path: str) -> str:

@@ -351,16 +351,17 @@ def save_hf(output_dir: str, params: Mapping, config: BertConfig, vocab: Vocab |
 
 def write_directory(output_dir: str, hf_config: dict, state: Mapping[str, np.ndarray],
                     vocab: Vocab | None, max_length: int, family: str, overwrite: bool) -> str:
-  """A fresh HF directory (`files.fresh_output_dir`): config.json, model.safetensors of `state`
+  """A fresh HF directory, written whole or not at all (`files.output_dir_in_place`): config.json, model.safetensors of `state`
   and, with a vocabulary, the tokenizer of `family`'s inputs; -> its absolute path."""
-  output_dir = files.fresh_output_dir(os.fspath(output_dir), overwrite)
-  files.write_json(storage.join(output_dir, CONFIG_FILE), hf_config)
-  save_safetensors(storage.join(output_dir, "model.safetensors"), state)
-  if vocab is not None:
-    for name, content in hf_tokenizer.tokenizer_files(vocab, max_length,
-                                                      _INPUT_NAMES[family]).items():
-      storage.write_bytes(storage.join(output_dir, name), content)
-  return output_dir
+  final = files.check_output_dir(os.fspath(output_dir))
+  with files.output_dir_in_place(final, overwrite) as output_dir:
+    files.write_json(storage.join(output_dir, CONFIG_FILE), hf_config)
+    save_safetensors(storage.join(output_dir, "model.safetensors"), state)
+    if vocab is not None:
+      for name, content in hf_tokenizer.tokenizer_files(vocab, max_length,
+                                                        _INPUT_NAMES[family]).items():
+        storage.write_bytes(storage.join(output_dir, name), content)
+  return final
 
 
 def save_safetensors(path: str, state: Mapping[str, np.ndarray]) -> None:
@@ -370,12 +371,19 @@ def save_safetensors(path: str, state: Mapping[str, np.ndarray]) -> None:
     storage.write_bytes(path, safetensors.numpy.save(state, metadata={"format": "pt"}))
   else:  # Streamed to disk, without a second copy of the weights in memory.
     with storage.local_file_in_place(path) as partial:
-      safetensors.numpy.save_file(state, partial, metadata={"format": "pt"})
+      try:
+        safetensors.numpy.save_file(state, partial, metadata={"format": "pt"})
+      except safetensors.SafetensorError as e:
+        if "I/O error" not in str(e):
+          raise
+        raise OSError(f"Could not write {os.path.basename(path)} in "
+                      f"{files.shown(os.path.dirname(path))}: {e}") from e
 
 
 def _log_heads(output_dir: str, heads: Mapping[str, bool], architecture: str,
                family: str) -> None:
   """What the export leaves out, or what transformers will initialise."""
+  output_dir = files.shown(output_dir)
   if family == "modernbert":
     if heads["pooler"] or heads["nsp"]:
       logger.info("%s: ModernBERT has no pooler or NSP head; the params' are left out",

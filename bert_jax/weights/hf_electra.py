@@ -85,7 +85,7 @@ def _export_electra(run: training.RtdRun, output_dir: str, overwrite: bool) -> s
                                   overwrite)
   if "nsp" in run.discriminator_params:
     logger.info("%s: ElectraForPreTraining has no pooler or NSP head; the discriminator's are "
-                "left out", output_dir)
+                "left out", files.shown(output_dir))
   # The decoder weight is tied to the word embeddings: left out, as save_pretrained does.
   hf.write_directory(storage.join(output_dir, GENERATOR_DIR),
                      _electra_config(gen, "ElectraForMaskedLM", run.vocab),
@@ -110,13 +110,14 @@ def _export_modern(run: training.RtdRun, output_dir: str, overwrite: bool) -> st
       "output": "one logit per token: > 0 means the token was replaced",
   })
   logger.info("%s: the discriminator only; the generator is not exported for the modern "
-              "encoder", output_dir)
+              "encoder", files.shown(output_dir))
   return f"{architecture} (the discriminator) with its head in {HEAD_FILE}"
 
 
 def export(path: str, output_dir: str, overwrite: bool = False) -> str:
   """Writes the RTD run at `path` as HF models (module docstring); -> what was written."""
   run = training.load_rtd(path)
-  if hf.hf_family(run.discriminator) == "modernbert":
-    return _export_modern(run, output_dir, overwrite)
-  return _export_electra(run, output_dir, overwrite)
+  export_fn = _export_modern if hf.hf_family(run.discriminator) == "modernbert" else _export_electra
+  final = files.check_output_dir(output_dir)
+  with files.output_dir_in_place(final, overwrite) as staged:  # Whole or nothing.
+    return export_fn(run, staged, overwrite)

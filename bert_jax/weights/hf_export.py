@@ -18,7 +18,7 @@ import jax
 from bert_jax import predict, tasks
 from bert_jax.checkpoints import checkpointing
 from bert_jax.runtime import storage
-from bert_jax.weights import hf
+from bert_jax.weights import files, hf
 from bert_jax.weights import sentence_transformers_dir as st_dir
 from bert_jax.weights.layout import unpad_vocab
 
@@ -63,25 +63,26 @@ def export_sentence_transformers(path: str, output_dir: str, overwrite: bool = F
     raise ValueError(f"{path} was fine-tuned for {task.name!r}, not as an embedding model "
                      "(config.task='embedding'): --to_hf exports it")
   config, params = unpad_vocab(task.model_config, jax.device_get(finetuned.params))
-  architecture = hf.save_hf(output_dir, {tasks.ENCODER: params[tasks.ENCODER]}, config,
-                            finetuned.vocab, overwrite)
-  settings = task.settings
-  modules = [{"idx": 0, "name": "0", "path": "", "type": f"{st_dir.MODULES}.Transformer"},
-             {"idx": 1, "name": "1", "path": st_dir.POOLING_DIR, "type": f"{st_dir.MODULES}.Pooling"}]
-  if settings.normalize:
-    modules.append({"idx": 2, "name": "2", "path": st_dir.NORMALIZE_DIR, "type": f"{st_dir.MODULES}.Normalize"})
-    storage.makedirs(storage.join(output_dir, st_dir.NORMALIZE_DIR))
-  storage.makedirs(storage.join(output_dir, st_dir.POOLING_DIR))
-  files = {
-      "modules.json": modules,
-      f"{st_dir.POOLING_DIR}/config.json": st_dir.pooling_config(settings.pooling, config.hidden_size),
-      "sentence_bert_config.json": {"max_seq_length": settings.max_seq_length,
-                                    "do_lower_case": False},
-      "config_sentence_transformers.json": {"similarity_fn_name": "cosine", "prompts": {},
-                                            "default_prompt_name": None,
-                                            "model_type": "SentenceTransformer"},
-  }
-  for name, content in files.items():
-    storage.write_text(storage.join(output_dir, name), json.dumps(content, indent=2) + "\n")
+  with files.output_dir_in_place(output_dir, overwrite) as staged:  # Whole or nothing.
+    architecture = hf.save_hf(staged, {tasks.ENCODER: params[tasks.ENCODER]}, config,
+                              finetuned.vocab)
+    settings = task.settings
+    modules = [{"idx": 0, "name": "0", "path": "", "type": f"{st_dir.MODULES}.Transformer"},
+               {"idx": 1, "name": "1", "path": st_dir.POOLING_DIR, "type": f"{st_dir.MODULES}.Pooling"}]
+    if settings.normalize:
+      modules.append({"idx": 2, "name": "2", "path": st_dir.NORMALIZE_DIR, "type": f"{st_dir.MODULES}.Normalize"})
+      storage.makedirs(storage.join(staged, st_dir.NORMALIZE_DIR))
+    storage.makedirs(storage.join(staged, st_dir.POOLING_DIR))
+    contents = {
+        "modules.json": modules,
+        f"{st_dir.POOLING_DIR}/config.json": st_dir.pooling_config(settings.pooling, config.hidden_size),
+        "sentence_bert_config.json": {"max_seq_length": settings.max_seq_length,
+                                      "do_lower_case": False},
+        "config_sentence_transformers.json": {"similarity_fn_name": "cosine", "prompts": {},
+                                              "default_prompt_name": None,
+                                              "model_type": "SentenceTransformer"},
+    }
+    for name, content in contents.items():
+      storage.write_text(storage.join(staged, name), json.dumps(content, indent=2) + "\n")
   return (f"a sentence-transformers model ({architecture} encoder, {settings.pooling} pooling"
           f"{', normalised' if settings.normalize else ''})")
