@@ -23,6 +23,9 @@ torch = pytest.importorskip("torch")
 with warnings.catch_warnings():
   warnings.simplefilter("ignore")
   import sentence_transformers as st
+  # Its modules (sentence_transformers.models is a deprecated alias that exists only once
+  # something has imported it: tests run alone failed on it).
+  from sentence_transformers.sentence_transformer import modules as st_modules
   import transformers
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -90,8 +93,9 @@ def test_a_modernbert_export_with_cls_pooling_encodes_as_predict(tmp_path):
   np.testing.assert_allclose(ours, _load(str(tmp_path / "st")).encode(TEXTS), atol=1e-5)
 
 
-def _st_model(tmp_path, *modules) -> str:
-  """A sentence-transformers directory built here from a BertConfig (random weights)."""
+def _st_model(tmp_path, *modules, do_lower_case: bool = False) -> str:
+  """A sentence-transformers directory built here from a BertConfig (random weights), its
+  tokenizer cased."""
   vocab = [line for line in (tmp_path / "vocab.txt").read_text().splitlines()]
   encoder_dir = tmp_path / "hf_encoder"
   transformers.BertModel(transformers.BertConfig(
@@ -99,15 +103,20 @@ def _st_model(tmp_path, *modules) -> str:
       intermediate_size=64, max_position_embeddings=16)).save_pretrained(encoder_dir)
   transformers.BertTokenizerFast(str(tmp_path / "vocab.txt"), do_lower_case=False).save_pretrained(
       encoder_dir)
-  model = st.SentenceTransformer(modules=[st.models.Transformer(str(encoder_dir)), *modules],
+  model = st.SentenceTransformer(modules=[st_modules.Transformer(str(encoder_dir)), *modules],
                                  device="cpu")
   model.save(str(tmp_path / "st_source"))
+  # do_lower_case as models on the Hub carry it, their tokenizer as it was (sentence-transformers
+  # 6.3 would instead save a Lowercase step into tokenizer.json; it reads both).
+  if do_lower_case:
+    (tmp_path / "st_source" / "sentence_bert_config.json").write_text(
+        json.dumps({"max_seq_length": 16, "do_lower_case": True}))
   return str(tmp_path / "st_source")
 
 
 def test_a_sentence_transformers_directory_is_an_encoder_to_start_from(tmp_path):
   config = _pairs_config(tmp_path, 2)
-  source = _st_model(tmp_path, st.models.Pooling(32, pooling_mode="max"))
+  source = _st_model(tmp_path, st_modules.Pooling(32, pooling_mode="max"))
   config.init_from, config.vocab = source, ""
   # Zero-shot, read as bert_jax reads it: the vectors sentence-transformers computes.
   theirs = _load(source).encode(TEXTS)
@@ -129,10 +138,37 @@ def test_a_sentence_transformers_directory_is_an_encoder_to_start_from(tmp_path)
     assert (settings.pooling, settings.normalize) == expected
 
 
+def test_do_lower_case_is_followed_on_reading_fine_tuning_and_export(tmp_path):
+  """The red team: a directory's do_lower_case was ignored, so "Q3 THE" and "q3 the" got other
+  vectors in bert_jax and one in sentence-transformers. Its vocabulary is lowercase and its
+  tokenizer cased: without the lowercasing, upper-case words are [UNK]."""
+  config = _pairs_config(tmp_path, 2)
+  source = _st_model(tmp_path, st_modules.Pooling(32, pooling_mode="mean"), do_lower_case=True)
+  upper = [t.upper() for t in TEXTS]
+  theirs = _load(source).encode(upper)
+  np.testing.assert_allclose(theirs, _load(source).encode(TEXTS), atol=1e-6)
+  model = predict.load_embedding_model(source)
+  cased = model.vocab.with_lower_text(False)  # Without it, other inputs.
+  assert cased.encode(upper[0]) == [cased.unk_id] * 2 != model.vocab.encode(upper[0])
+  np.testing.assert_allclose(predict.embed(model, upper), theirs, atol=1e-5)
+
+  config.init_from, config.vocab = source, ""  # Fine-tuned, the workdir's vocabulary keeps it.
+  workdir = str(tmp_path / "run")
+  finetune.finetune_and_evaluate(config, workdir)
+  run = predict.load_finetuned(workdir)
+  assert run.vocab.lower_text
+  ours = predict.embed(run, upper)
+  np.testing.assert_allclose(ours, predict.embed(run, TEXTS), atol=1e-6)
+  hf_export.export_sentence_transformers(workdir, str(tmp_path / "st"))  # And its export.
+  written = json.loads((tmp_path / "st" / "sentence_bert_config.json").read_text())
+  assert written["do_lower_case"] is True
+  np.testing.assert_allclose(_load(str(tmp_path / "st")).encode(upper), ours, atol=1e-5)
+
+
 def test_modules_bert_jax_cannot_compute_are_refused_by_name(tmp_path):
   config = _pairs_config(tmp_path, 2)
-  source = _st_model(tmp_path, st.models.Pooling(32, pooling_mode="mean"),
-                     st.models.Dense(32, 8))
+  source = _st_model(tmp_path, st_modules.Pooling(32, pooling_mode="mean"),
+                     st_modules.Dense(32, 8))
   config.init_from, config.vocab = source, ""
   with pytest.raises(ValueError, match=r"its modules are \['Transformer', 'Pooling', 'Dense'\]; "
                                        r"bert_jax computes .* \(not \['Dense'\]\)"):

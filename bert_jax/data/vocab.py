@@ -19,6 +19,7 @@ copies.
 
 from __future__ import annotations
 
+import copy
 import io
 import json
 import logging
@@ -59,6 +60,10 @@ class Vocab:
     self.kind = kind
     self.path = path
     self.lowercase = lowercase
+    # sentence-transformers' do_lower_case: `str.lower()` of every text before it is tokenized
+    # (its Transformer module's step, apart from the tokenizer's own normaliser). Set by
+    # `with_lower_text`, saved with the vocabulary.
+    self.lower_text = False
     self._processor = processor
     if kind == "sentencepiece":
       self.size = int(processor.get_piece_size())
@@ -98,7 +103,8 @@ class Vocab:
       model = self._processor.serialized_model_proto()
     else:
       model = self._processor.to_str().encode("utf-8")
-    return {"kind": self.kind, "path": self.path, "lowercase": self.lowercase, "model": model}
+    return {"kind": self.kind, "path": self.path, "lowercase": self.lowercase, "model": model,
+            "lower_text": self.lower_text}
 
   def __setstate__(self, state: dict) -> None:
     if state["kind"] == "sentencepiece":
@@ -110,6 +116,14 @@ class Vocab:
 
       processor = tokenizers.Tokenizer.from_str(state["model"].decode("utf-8"))
     self.__init__(state["kind"], state["path"], processor, state["lowercase"])
+    self.lower_text = bool(state.get("lower_text", False))
+
+  def with_lower_text(self, lower_text: bool = True) -> "Vocab":
+    """This vocabulary, lowercasing each text (`str.lower`) before it is tokenized, as a
+    sentence-transformers model with `do_lower_case` does; the tokens are unchanged."""
+    vocab = copy.copy(self)
+    vocab.lower_text = bool(lower_text)
+    return vocab
 
   # ------------------------------------------------------------------------- constructors
   @classmethod
@@ -182,9 +196,11 @@ class Vocab:
         config = json.loads(storage.read_text(config_path))
         file = storage.join(path, config["file"])
         if config["kind"] == "sentencepiece":
-          return cls.from_sentencepiece(file)
-        return cls.from_wordpiece(file, config.get("lowercase") if lowercase is None
-                                  else lowercase)
+          vocab = cls.from_sentencepiece(file)
+        else:
+          vocab = cls.from_wordpiece(file, config.get("lowercase") if lowercase is None
+                                     else lowercase)
+        return vocab.with_lower_text(config.get("lower_text", False))
       names = storage.listdir(path)
       for name in (SENTENCEPIECE_FILE, TOKENIZER_JSON_FILE, WORDPIECE_FILE):
         if name in names and storage.isfile(storage.join(path, name)):
@@ -242,7 +258,8 @@ class Vocab:
     if self.kind == "sentencepiece":  # Human-readable, as spm's .vocab file.
       storage.write_text(storage.join(directory, "sentencepiece.vocab"),
                          self.sentencepiece_vocab_text())
-    config = {"kind": self.kind, "file": name, "lowercase": self.lowercase, "size": self.size,
+    config = {"kind": self.kind, "file": name, "lowercase": self.lowercase,
+              "lower_text": self.lower_text, "size": self.size,
               "special_ids": dict(zip(SPECIAL_PIECES, self.special_ids))}
     storage.write_text(storage.join(directory, CONFIG_FILE), json.dumps(config, indent=2))
 
@@ -260,6 +277,8 @@ class Vocab:
     as the text it is ("[", "mask", "]"), as google-research/bert's tokenizer (pretraining
     text). A sentencepiece vocabulary always does the latter (its specials are control pieces).
     """
+    if self.lower_text:
+      text = text.lower()
     if self.kind == "sentencepiece":
       return self._processor.encode(text, out_type=int)
     return self._wordpiece(split_special_tokens).encode(text, add_special_tokens=False).ids
@@ -267,6 +286,8 @@ class Vocab:
   def encode_batch(self, texts: Sequence[str],
                    split_special_tokens: bool = False) -> list[list[int]]:
     """`encode` of each text (batched in the backend: faster for many short sentences)."""
+    if self.lower_text:
+      texts = [text.lower() for text in texts]
     if self.kind == "sentencepiece":
       return self._processor.encode(list(texts), out_type=int)
     encodings = self._wordpiece(split_special_tokens).encode_batch(list(texts),

@@ -24,6 +24,7 @@ from bert_jax.runtime import storage
 from bert_jax.data.vocab import Vocab
 from bert_jax.models.model import BertConfig
 from bert_jax.weights import bert_jax_dir, hf, tf_bundle, training
+from bert_jax.weights import sentence_transformers_dir as st_dir
 from bert_jax.weights.bert_jax_dir import FORMAT_FILE, save_pretrained
 from bert_jax.weights.hf import hf_architecture, load_hf, save_hf
 from bert_jax.weights.params import (HEADS, TaskHead, check_params, fill_missing_heads,
@@ -92,6 +93,8 @@ def load_with_head(path: str, uses: Sequence[str] = tuple(HEADS)
   source_format = detect_format(path)
   if source_format == "huggingface":
     config, params, vocab, head = hf.load_hf_with_head(path)
+    if vocab is not None and st_dir.is_sentence_transformers(path):
+      vocab = vocab.with_lower_text(st_dir.lowercases(path))  # Its do_lower_case.
   else:
     (config, params, vocab), head = _LOADERS[source_format](path), None
   warn_missing_heads(params, path, uses)

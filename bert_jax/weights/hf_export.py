@@ -77,7 +77,8 @@ def export_sentence_transformers(path: str, output_dir: str, overwrite: bool = F
         "modules.json": modules,
         f"{st_dir.POOLING_DIR}/config.json": st_dir.pooling_config(settings.pooling, config.hidden_size),
         "sentence_bert_config.json": {"max_seq_length": settings.max_seq_length,
-                                      "do_lower_case": False},
+                                      "do_lower_case": bool(finetuned.vocab is not None
+                                                            and finetuned.vocab.lower_text)},
         "config_sentence_transformers.json": {"similarity_fn_name": "cosine", "prompts": {},
                                               "default_prompt_name": None,
                                               "model_type": "SentenceTransformer"},

@@ -14,7 +14,8 @@ with no remote code:
   the per-mode flags every sentence-transformers version reads);
 - `2_Normalize` when the embeddings are L2-normalised;
 - `modules.json`, `sentence_bert_config.json` (max_seq_length: the run's, so a longer text is cut
-  where bert_jax cuts it) and `config_sentence_transformers.json` (cosine similarity).
+  where bert_jax cuts it; do_lower_case: the vocabulary's `lower_text`, which reading such a
+  directory sets from it) and `config_sentence_transformers.json` (cosine similarity).
 Its vectors are `predict.predict`'s for --mode=embed (tests/test_sentence_transformers.py);
 `hf_export.export_sentence_transformers` writes it.
 """
@@ -55,6 +56,19 @@ def pooling_of(path: str) -> tuple[str, bool]:
     raise ValueError(f"{path}: its pooling ({pooling_dir}/config.json) combines "
                      f"{modes + others}; bert_jax pools with exactly one of cls, mean or max")
   return modes[0], "Normalize" in kinds
+
+
+def lowercases(path: str) -> bool:
+  """`do_lower_case` of the sentence-transformers directory at `path` (its Transformer module
+  lowercases each text with `str.lower` before tokenizing); False when it does not say."""
+  config_path = storage.join(path, "sentence_bert_config.json")
+  if not storage.isfile(config_path):
+    return False
+  value = json.loads(storage.read_text(config_path)).get("do_lower_case", False)
+  if not isinstance(value, bool):
+    raise ValueError(f"{config_path}: do_lower_case is {value!r}; sentence-transformers reads "
+                     "true or false")
+  return value
 
 
 def pooling_config(pooling: str, width: int) -> dict:
