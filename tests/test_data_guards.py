@@ -564,3 +564,24 @@ def test_an_export_onto_a_full_disk_is_one_line_and_keeps_what_was_there(tmp_pat
     assert sorted(os.listdir(disk)) == ["export", "filler"]
   finally:
     subprocess.run(["umount", "-l", disk], check=False)
+
+
+def test_an_unprepared_tfds_dataset_offline_is_one_line_at_once(tmp_path, monkeypatch):
+  """GLUE offline retried its download (10 tries with backoff) for 209 s before its error (the
+  red team). Each download host is tried once first; the suites' tests that answer TFDS's
+  download step locally never reach it (tests/test_downstream.py)."""
+  import socket  # pylint: disable=import-outside-toplevel
+
+  def offline(address, *args, **kwargs):
+    raise OSError(f"[Errno 101] Network is unreachable: {address[0]}")
+
+  monkeypatch.setattr(socket, "create_connection", offline)
+  start = time.time()
+  with pytest.raises(ValueError) as error:
+    finetune_data.read_tfds("glue/sst2", "train", str(tmp_path / "tfds"))
+  assert time.time() - start < 60
+  assert _one_line(error).startswith(
+      f"TFDS dataset 'glue/sst2' is not prepared in {tmp_path / 'tfds'} and this machine cannot "
+      "reach dl.fbaipublicfiles.com to download https://dl.fbaipublicfiles.com/glue/data/"
+      "SST-2.zip ([Errno 101] Network is unreachable: dl.fbaipublicfiles.com): prepare it where "
+      "there is internet"), _one_line(error)

@@ -10,11 +10,14 @@ Bad records raise ValueError naming the file and line.
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import dataclasses
 import io
 import json
+import socket
 import unicodedata
+import urllib.parse
 from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
@@ -292,20 +295,78 @@ def register_tfds_builder(name: str) -> None:
 TFDS_REQUIREMENTS = "requirements-downstream.txt"
 
 
+class _Unreachable(OSError):
+  """A download's host cannot be reached at all (offline, DNS, firewall)."""
+
+
+@contextlib.contextmanager
+def _downloads_fail_at_once_offline():
+  """TFDS retries a download that cannot connect 10 times with backoff: offline, GLUE printed
+  its error after 209 s (the red team). Each URL's host is tried once (5 s) before TFDS opens
+  it; unreachable, that is one error at once. Only real downloads pass here: a download step
+  answered locally (tfds.testing.mock_data, a patched DownloadManager) never does."""
+  try:
+    from tensorflow_datasets.core.download import downloader  # pylint: disable=import-outside-toplevel
+  except ImportError:
+    yield
+    return
+  open_url = getattr(downloader, "_open_url", None)
+  if open_url is None:  # Another TFDS layout: its own behaviour.
+    yield
+    return
+
+  def checked(url: str, **kwargs):
+    parsed = urllib.parse.urlparse(url)
+    if parsed.hostname:
+      port = parsed.port or (443 if parsed.scheme == "https" else 80)
+      try:
+        socket.create_connection((parsed.hostname, port), timeout=5).close()
+      except OSError as e:
+        raise _Unreachable(f"cannot reach {parsed.hostname} to download {url} ({e})") from None
+    return open_url(url, **kwargs)
+
+  downloader._open_url = checked  # pylint: disable=protected-access
+  try:
+    yield
+  finally:
+    downloader._open_url = open_url  # pylint: disable=protected-access
+
+
+def _unreachable_cause(error: BaseException) -> _Unreachable | None:
+  seen = set()
+  while error is not None and id(error) not in seen:
+    if isinstance(error, _Unreachable):
+      return error
+    seen.add(id(error))
+    error = error.__cause__ or error.__context__
+  return None
+
+
 def tfds_data_source(name: str, split: str, data_dir: str | None = None):
-  """`tfds.data_source` of a registered TFDS dataset (downloaded and prepared on first use); a
-  module its builder lacks is one line naming the requirements file that installs it."""
+  """`tfds.data_source` of a registered TFDS dataset (downloaded and prepared on first use; a
+  download host that cannot be reached is one line at once); a module its builder lacks is one
+  line naming the requirements file that installs it."""
   import tensorflow_datasets as tfds
   try:
     register_tfds_builder(name)
     # Prepared as ArrayRecord, which TFDS writes without TensorFlow (its default, TFRecord,
     # needs it) and which random access reads.
-    return tfds.data_source(name, split=split, data_dir=data_dir,
-                            builder_kwargs={"file_format": "array_record"})
+    with _downloads_fail_at_once_offline():
+      return tfds.data_source(name, split=split, data_dir=data_dir,
+                              builder_kwargs={"file_format": "array_record"})
   except ModuleNotFoundError as e:
     module = e.name or str(e).rsplit("No module named ", 1)[-1].strip("'\" ")
     raise ValueError(f"TFDS dataset {name!r} needs the module {module!r}, which is not "
                      f"installed: pip install -r {TFDS_REQUIREMENTS}") from e
+  except Exception as e:  # pylint: disable=broad-except
+    unreachable = _unreachable_cause(e)
+    if unreachable is None:
+      raise
+    raise ValueError(
+        f"TFDS dataset {name!r} is not prepared in {data_dir or tfds.core.constants.DATA_DIR} "
+        f"and this machine {unreachable}: prepare it where there is internet and copy its TFDS "
+        "data directory here (--config.data.tfds_data_dir), or give the data as JSONL/CSV "
+        "files") from None
 
 
 def read_tfds(name: str, split: str, data_dir: str | None = None) -> list[Record]:
