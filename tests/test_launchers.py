@@ -330,3 +330,29 @@ def test_local_multiprocess_sigint_stops_its_processes_and_waits_for_them(tmp_pa
   assert err.strip().splitlines()[-1].startswith("error: interrupted (SIGINT)"), err
   statuses = re.search(r"\[runner\] exit statuses \[(-?\d+), (-?\d+)\]", out)
   assert statuses and all(int(s) != 0 for s in statuses.groups()), out  # Stopped, not finished.
+
+
+def test_orbax_leftovers_after_a_failed_read_or_write_go_to_the_log_not_the_console(monkeypatch):
+  """After a failed restore, orbax's pending reads are coroutines garbage-collected with their
+  error, each printed by Python as a traceback (hundreds of lines under a one-line refusal);
+  after a failed save, "Event loop is closed". Both are logged; any other unraisable error
+  still goes to Python's own hook, which prints it."""
+  import types  # pylint: disable=import-outside-toplevel
+  from bert_jax.runtime import cli  # pylint: disable=import-outside-toplevel
+
+  printed = []
+  monkeypatch.setattr(sys, "__unraisablehook__", printed.append)
+  namespace: dict = {}
+  exec(compile("async def _read_array_index_and_device_put():\n  pass\n",  # pylint: disable=exec-used
+               os.path.join(os.sep, "site-packages", "orbax", "checkpoint", "serialization.py"),
+               "exec"), namespace)
+  orbax_read = namespace["_read_array_index_and_device_put"]()
+  ours = namespace["_read_array_index_and_device_put"].__code__.replace(
+      co_filename=__file__)  # The same coroutine name, outside orbax.
+  for obj, value in ((orbax_read, Exception("Encountered error while reading")),
+                     (None, RuntimeError("Event loop is closed")),
+                     (types.SimpleNamespace(cr_code=ours), ValueError("a bug of ours"))):
+    cli._unraisablehook(types.SimpleNamespace(  # pylint: disable=protected-access
+        exc_type=type(value), exc_value=value, exc_traceback=None, err_msg=None, object=obj))
+  orbax_read.close()
+  assert [str(u.exc_value) for u in printed] == ["a bug of ours"]

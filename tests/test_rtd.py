@@ -201,6 +201,26 @@ def test_a_preempted_rtd_run_resumes_bit_identically(tmp_path, monkeypatch):
   assert set(ours) >= {"embeddings", "embeddings_delta", "generator", "discriminator"}
   jax.tree.map(np.testing.assert_array_equal, ours, theirs)
 
+  # Resumed with another generator, sharing or NSP head: one line before any restore (the red
+  # team: the refusal came after orbax's failed restore, with hundreds of traceback lines).
+  for field, value, expected in (
+      ("rtd.generator_hidden_fraction", 1.0, "was trained with another generator (generator: "
+       "checkpoint hidden_size=16 num_hidden_layers=2 num_attention_heads=1 intermediate_size=32 "
+       "embedding_size=32, this run hidden_size=32 num_hidden_layers=2 num_attention_heads=1 "
+       "intermediate_size=64 embedding_size=32): its params do not fit this run. Resume it with "
+       "its settings (--config.rtd.generator_hidden_fraction=0.5 --config.rtd.generator_layers=0"
+       " --config.rtd.generator_heads=0 --config.rtd.embedding_sharing=gdes)"),
+      ("rtd.embedding_sharing", "electra", "embedding_sharing: checkpoint gdes, this run electra"),
+      ("data.objective", "rtd_nsp", "was trained with config.data.objective=rtd, this run has "
+       "rtd_nsp: set --config.data.objective=rtd to resume it")):
+    changed = config.copy_and_resolve_references()
+    section, name = field.split(".")
+    setattr(changed[section], name, value)
+    changed.train.num_train_steps = 8
+    with pytest.raises(ValueError) as error:
+      train.train_and_evaluate(changed, stopped)
+    assert expected in str(error.value) and "\n" not in str(error.value), str(error.value)
+
 
 def test_a_tiny_rtd_model_beats_the_all_original_baseline_on_held_out_rows(tmp_path):
   """Trained on the built-in corpus, the discriminator labels held-out rows better than "original"

@@ -207,11 +207,18 @@ def _show_warning(message, category, filename, lineno, file=None, line=None) -> 
 
 def _unraisablehook(unraisable) -> None:
   """After a failed save, tensorstore's write callbacks hit orbax's closed event loop, and each
-  pending write reports "Event loop is closed" as an unraisable error: log those (the failure
-  itself is reported once), print any other."""
+  pending write reports "Event loop is closed" as an unraisable error; after a failed restore,
+  each of orbax's pending reads is a coroutine garbage-collected with its error (the red team:
+  hundreds of traceback lines under a one-line refusal). Log those (the failure itself is
+  reported once), print any other."""
   value = unraisable.exc_value
   if isinstance(value, RuntimeError) and str(value) == "Event loop is closed":
     logging.info("After a failed checkpoint write: %s", value)
+    return
+  code = getattr(unraisable.object, "cr_code", None)  # A coroutine's.
+  if code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename:
+    logging.info("After a failed checkpoint read, orbax's %s: %s", code.co_name,
+                 _one_line(value) if value is not None else "")
     return
   sys.__unraisablehook__(unraisable)
 

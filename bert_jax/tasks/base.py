@@ -166,6 +166,12 @@ class Task:
     """What a checkpoint records to rebuild this task (prediction, resume checks)."""
     return {"name": self.name}
 
+  def check_saved(self, saved_task: dict[str, Any], saved_config: dict[str, Any],
+                  where: str) -> None:
+    """Refuses, before anything is restored, a checkpoint (its `meta()` and config) whose
+    params this task's would not fit for a setting of its own; nothing to check by default."""
+    del saved_task, saved_config, where
+
   def flops_per_example(self) -> float | None:
     """Model FLOPs of one train example (for MFU), or None when not counted."""
     return None

@@ -131,6 +131,33 @@ class RtdTask(PretrainingTask):
                                   "intermediate_size": g.intermediate_size,
                                   "embedding_size": g.embedding_size}}}
 
+  def check_saved(self, saved_task: dict[str, Any], saved_config: dict[str, Any],
+                  where: str) -> None:
+    """The generator's shape, what it shares and the NSP head decide the params' tree: a
+    checkpoint of other ones would fail in orbax's restore (the red team: a refusal, then
+    hundreds of lines of its tracebacks). Refused here in one line, naming the settings."""
+    saved, ours = saved_task.get("rtd"), self.meta()["rtd"]
+    if not saved:
+      return
+    if saved.get("nsp", ours["nsp"]) != ours["nsp"]:
+      objective = "rtd_nsp" if saved["nsp"] else "rtd"
+      raise ValueError(f"{where} was trained with config.data.objective={objective}, this run "
+                       f"has {'rtd_nsp' if ours['nsp'] else 'rtd'}: set "
+                       f"--config.data.objective={objective} to resume it, or use another "
+                       "--workdir")
+    differs = [k for k in ("generator", "embedding_sharing") if k in saved and saved[k] != ours[k]]
+    if not differs:
+      return
+    fields = ("generator_hidden_fraction", "generator_layers", "generator_heads",
+              "embedding_sharing")
+    saved_rtd = saved_config.get("rtd", {})
+    flags = " ".join(f"--config.rtd.{f}={saved_rtd[f]}" for f in fields if f in saved_rtd)
+    shown = "; ".join(f"{k}: checkpoint {_shown(saved[k])}, this run {_shown(ours[k])}"
+                      for k in differs)
+    raise ValueError(f"{where} was trained with another generator ({shown}): its params do not "
+                     f"fit this run. Resume it with its settings ({flags or 'see its meta'}), or "
+                     "use another --workdir")
+
   def flops_per_example(self) -> float:
     """The discriminator over the row (its head's dense H x H and H x 1 per token) plus the
     generator with its MLM head at the P targets: what one step computes per row."""
@@ -147,3 +174,10 @@ def _with_seeds(batch: Batch, rng: jax.Array) -> Batch:
   rows = batch["input_ids"].shape[0]
   seeds = jax.random.bits(jax.random.fold_in(rng, SAMPLE_STREAM), (rows,), jnp.uint32)
   return {**batch, "sample_seed": seeds}
+
+
+def _shown(value: Any) -> str:
+  """A generator's shape as `hidden_size=32 num_hidden_layers=2 ...`, another value as is."""
+  if isinstance(value, dict):
+    return " ".join(f"{k}={v}" for k, v in value.items())
+  return str(value)

@@ -37,6 +37,7 @@ def check_resumable(checkpointer: checkpointing.Checkpointer, task: Task, meta: 
                                  checkpointer.directory)
   checkpointing.check_same_vocab(saved.get("vocab_fingerprint"), meta.get("vocab_fingerprint"),
                                  where, allow_vocab_change)
+  task.check_saved(saved["task"], saved.get("config", {}), where)
   saved_head = saved["task"].get("head", "bert")  # Checkpoints before ModernBERT's heads: BERT's.
   head = task.meta().get("head", saved_head)
   if head != saved_head:
