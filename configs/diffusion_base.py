@@ -8,7 +8,9 @@ microbatches on TPUs, as modern_base's: check a slice with --compile_only --topo
 
 Run:
   python launch/train.py --config=configs/diffusion_base.py --workdir=gs://bucket/diffusion_base \
-      --config.data.source=prepared --config.data.dataset_dir=gs://bucket/data
+      --config.data.source=prepared --config.data.dataset_dir=/mnt/bucket/data
+(ArrayRecord reads local files: a bucket's prepared dataset is read through gcsfuse, mounted
+at /mnt/bucket here; docs/tpu.md.)
 """
 
 import ml_collections
