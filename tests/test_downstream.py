@@ -544,3 +544,14 @@ def test_each_device_group_runs_its_share_in_a_process_of_its_own(tmp_path):
   assert [[(r.task, r.seed) for r in share] for share in shares] == [
       [("big", 0), ("few", 0)], [("big", 1), ("few", 1)], [("big", 2), ("few", 2)]]
   assert [len(share) for share in downstream.spread(specs, runs, configs, 2)] == [2, 4]
+
+
+def test_an_override_no_run_of_the_suite_reads_is_refused(tmp_path):
+  """`--config.embedding.pooling=cls` on GLUE: no classification run reads config.embedding, so
+  the suite refuses it in one line before anything runs, as train.py and finetune.py do."""
+  options = downstream.Options("/ckpt", "glue", ("sst2",), (2e-5,), 1, str(tmp_path / "out"))
+  with pytest.raises(ValueError) as error:
+    downstream.run_suite(options, finetune_base.get_config(), {"embedding.pooling": "cls"}, [])
+  assert str(error.value).startswith(
+      "--config.embedding.pooling is not read by task 'classification'"), str(error.value)
+  assert not (tmp_path / "out").exists()

@@ -661,6 +661,8 @@ def run_suite(options: Options, base_config, overrides: dict[str, Any],
              for run in runs}
   for run in runs:  # Every run's config, before anything is written.
     config_checks.check_finetuning(configs[run])
+    # An override of a section this run's task never reads (--config.embedding.* on GLUE).
+    config_checks.check_overrides_read(configs[run], [f"--config.{p}" for p in overrides], True)
   encoder = encoder_identity(options.checkpoint)
   if options.run_group is None:  # (A group's process: its parent has done it.)
     set_aside_other_encoders(runs, options.output_dir, encoder)
