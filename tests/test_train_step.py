@@ -122,6 +122,29 @@ def test_train_step_compiles_once(single_device_run):
   assert step._cache_size() == 1  # Three steps, one executable.
 
 
+def test_a_training_compiles_its_train_step_once(tmp_path, caplog, one_device):
+  """The trainer compiles its step ahead of time (for the memory and FLOPs lines) and then
+  calls that executable: the first step does not compile the same program again (it did, up to
+  e902ee2: two compiles of each run's step, ~2 s on a tiny CPU model, minutes for a large one on
+  a TPU). The persistent cache is off here, so that every compile is a real one."""
+  from bert_jax import train  # pylint: disable=import-outside-toplevel
+  from bert_jax.training import aot  # pylint: disable=import-outside-toplevel
+  from tests import modern_runs  # pylint: disable=import-outside-toplevel
+  # A learning rate no other test uses: a program of its own, not in this process's caches.
+  config = modern_runs.tiny_config({"train.learning_rate": 7.31e-4, "train.num_train_steps": 3})
+  previous = jax.config.jax_log_compiles
+  jax.config.update("jax_log_compiles", True)
+  try:
+    with aot._without_persistent_cache(), caplog.at_level("WARNING"):  # pylint: disable=protected-access
+      result = train.train_and_evaluate(config, str(tmp_path))
+  finally:
+    jax.config.update("jax_log_compiles", previous)
+  compiles = [r.getMessage() for r in caplog.records
+              if "Finished XLA compilation of jit(train_step)" in r.getMessage()]
+  assert result["step"] == 3 and np.isfinite(result["train"]["loss"])
+  assert len(compiles) == 1, compiles
+
+
 def test_gradient_accumulation_equals_the_full_batch():
   full, full_state, _ = _run(_config(data=2), jax.devices()[:2], num_steps=2)
   config = _config(data=2)

@@ -240,7 +240,7 @@ def compile_programs(settings: TrainSettings, task: Task, mesh,
   from the persistent cache -> {program: (compiled, seconds)}. Raises `DoesNotFit` when the
   compiler runs out of memory."""
   prog = programs.make_program(settings, task, mesh)
-  key = programs.abstract_key()
+  key = programs.abstract_key(mesh)  # Replicated, as the run's keys are: its programs.
   compiled = {}
   with jax.set_mesh(mesh), nn.logical_axis_rules(sharding.logical_rules(settings.mesh)), \
       _without_persistent_cache():
