@@ -14,6 +14,7 @@ from bert_jax import finetune, predict
 from bert_jax.downstream import beir, retrieval
 from tests.suite_flags import xla_flags
 from tests.test_embedding import DOC_WORDS, FILLER, QUERY_WORDS, _pairs_config
+from tests import forked_launch
 
 pytestmark = pytest.mark.usefixtures("one_device")  # tests/conftest.py
 
@@ -82,7 +83,7 @@ def test_the_suite_scores_a_trained_model_and_its_table(tmp_path):
   finetune.finetune_and_evaluate(_pairs_config(tmp_path, 40), workdir)
   _write_task(tmp_path / "data" / "pairs", with_header=False)
   env = {**os.environ, "XLA_FLAGS": xla_flags(1), "JAX_PLATFORMS": "cpu"}
-  done = subprocess.run([sys.executable, "launch/downstream.py", "--suite=beir",
+  done = forked_launch.run([sys.executable, "launch/downstream.py", "--suite=beir",
                          f"--data_dir={tmp_path / 'data'}", f"--checkpoint={workdir}",
                          f"--output_dir={tmp_path / 'out'}"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)
@@ -110,7 +111,7 @@ def test_the_suite_scores_a_trained_model_and_its_table(tmp_path):
   queries = tmp_path / "queries.jsonl"
   queries.write_text("".join(json.dumps({"text": task.queries[f"q{i}"]}) + "\n"
                              for i in range(5)))
-  done = subprocess.run([sys.executable, "launch/predict.py", "--mode=search",
+  done = forked_launch.run([sys.executable, "launch/predict.py", "--mode=search",
                          f"--checkpoint={workdir}", f"--corpus_file={corpus}",
                          f"--input_file={queries}", "--top_k=3"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)
@@ -122,12 +123,12 @@ def test_the_suite_scores_a_trained_model_and_its_table(tmp_path):
   scores = [r["score"] for r in lines[0]["results"]]
   assert scores == sorted(scores, reverse=True)
   # Fine-tuning flags mean nothing here; --data_dir means nothing to the others.
-  done = subprocess.run([sys.executable, "launch/downstream.py", "--suite=beir",
+  done = forked_launch.run([sys.executable, "launch/downstream.py", "--suite=beir",
                          f"--data_dir={tmp_path / 'data'}", f"--checkpoint={workdir}",
                          "--seeds=3", f"--output_dir={tmp_path / 'out2'}"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)
   assert done.returncode != 0 and "--seeds: not used by --suite=beir" in done.stderr
-  done = subprocess.run([sys.executable, "launch/downstream.py", "--suite=beir",
+  done = forked_launch.run([sys.executable, "launch/downstream.py", "--suite=beir",
                          f"--data_dir={tmp_path / 'nowhere'}", f"--checkpoint={workdir}",
                          f"--output_dir={tmp_path / 'out3'}"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)

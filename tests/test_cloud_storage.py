@@ -27,6 +27,7 @@ from tests.test_interop import (_UNCASED, SENTENCES, _hf_dir, _write_vocab,  # n
                                 tf_checkpoint_dir)
 from tests.test_pipeline import write_corpus
 from tests.suite_flags import xla_flags
+from tests import forked_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -45,7 +46,7 @@ def bucket():
 def _launch(script: str, env: dict[str, str], *flags: str) -> subprocess.CompletedProcess:
   environment = dict(os.environ, **env, JAX_PLATFORMS="cpu")
   environment["XLA_FLAGS"] = xla_flags(1)  # One device is plenty (and starts faster).
-  return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *flags],
+  return forked_launch.run([sys.executable, os.path.join(ROOT, "launch", script), *flags],
                         capture_output=True, text=True, env=environment, timeout=240, cwd=ROOT)
 
 

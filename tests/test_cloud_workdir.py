@@ -20,6 +20,7 @@ from tests.test_finetune import _keyword_rows, _task_vocab, finetune_config
 from tests.test_train_e2e import ROOT, TINY
 from configs import finetune_classification
 from tests.suite_flags import xla_flags
+from tests import forked_launch
 
 pytestmark = pytest.mark.usefixtures("one_device")  # tests/conftest.py
 
@@ -49,7 +50,7 @@ def _launch(workdir, bucket, *flags, wait=True):
   if not wait:
     return subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-  return subprocess.run(command, cwd=ROOT, env=environment, capture_output=True, text=True,
+  return forked_launch.run(command, cwd=ROOT, env=environment, capture_output=True, text=True,
                         timeout=300)
 
 

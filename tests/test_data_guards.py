@@ -27,6 +27,7 @@ from bert_jax.data import prepare
 from bert_jax.data import vocab as vocab_lib
 from configs import tiny
 from test_pipeline import ROOT, WORDS, write_corpus
+from tests import forked_launch
 
 LENGTH = 32
 
@@ -552,7 +553,7 @@ def test_an_export_onto_a_full_disk_is_one_line_and_keeps_what_was_there(tmp_pat
     assert sorted(os.listdir(disk)) == ["export", "filler"]
 
     new = os.path.join(disk, "new")
-    result = subprocess.run(
+    result = forked_launch.run(
         [sys.executable, os.path.join(ROOT, "launch", "convert.py"),
          f"--from_bert_jax={pretrained}", f"--to_hf={new}"],
         capture_output=True, text=True, timeout=240, cwd=ROOT,

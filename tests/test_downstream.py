@@ -38,6 +38,7 @@ MOCKED = """
 import runpy, sys
 import numpy as np
 import tensorflow_datasets as tfds
+from tests import forked_launch
 
 class Scalars:
   def __init__(self, source):
@@ -155,7 +156,7 @@ def test_glue_suite_runs_tabulates_and_resumes_after_a_kill(encoder, tmp_path):
   stamps = {name: os.stat(first / name).st_mtime_ns
             for name in ("final_eval.json", downstream.SCORES_FILE, "metrics.jsonl")}
 
-  resumed = subprocess.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True,
+  resumed = forked_launch.run(args, cwd=ROOT, env=_env(), capture_output=True, text=True,
                            timeout=300)
   assert resumed.returncode == 0, (resumed.stdout + resumed.stderr)[-3000:]
   assert f"[1/3] mrpc lr 0.001 seed 0: finished already ({first})" in resumed.stdout
@@ -166,7 +167,7 @@ def test_glue_suite_runs_tabulates_and_resumes_after_a_kill(encoder, tmp_path):
   # finished runs would otherwise be tabulated as this command's).
   recorded = json.load(open(first / downstream.SETTINGS_FILE))
   assert recorded["train.num_train_epochs"] == 3.0 and recorded["init_from"] == encoder
-  changed = subprocess.run(args + ["--config.train.num_train_epochs=2"], cwd=ROOT, env=_env(),
+  changed = forked_launch.run(args + ["--config.train.num_train_epochs=2"], cwd=ROOT, env=_env(),
                            capture_output=True, text=True, timeout=300)
   assert changed.returncode == 1, (changed.stdout + changed.stderr)[-3000:]
   assert changed.stderr.strip().splitlines()[-1] == (
@@ -508,7 +509,7 @@ def test_the_launcher_reports_a_bad_flag_in_one_line(encoder, tmp_path):
       (["--suite=glue", f"--output_dir={tmp_path}"], 2,
        "error: bad flag or config override: flag --checkpoint=None: Flag --checkpoint must "
        "have a value other than None.")):
-    result = subprocess.run(_command(*args), cwd=ROOT, env=_env(), capture_output=True,
+    result = forked_launch.run(_command(*args), cwd=ROOT, env=_env(), capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == status, result.stderr[-2000:]
     assert "Traceback" not in result.stderr

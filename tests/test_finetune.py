@@ -30,6 +30,7 @@ from bert_jax.data.vocab import Vocab, train_sentencepiece
 from configs import finetune_classification, finetune_qa, finetune_tagging, tiny
 from tests.sigterm_at import SigtermAt
 from tests.suite_flags import xla_flags
+from tests import forked_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SPECIALS = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -391,7 +392,7 @@ def _launch(script, *args):
   """A launcher on one CPU device (what it writes and prints does not depend on the mesh)."""
   env = dict(os.environ, XLA_FLAGS=xla_flags(1),
              JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], cwd=ROOT,
+  return forked_launch.run([sys.executable, os.path.join(ROOT, "launch", script), *args], cwd=ROOT,
                         env=env, capture_output=True, text=True, timeout=300)
 
 
@@ -842,7 +843,7 @@ def test_finetuning_resumes_after_sigkill_bit_identically(tmp_path):
                "--config=configs/finetune_classification.py", f"--workdir={workdir}",
                *_config_flags(config)]
     if wait:
-      done = subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
+      done = forked_launch.run(command, cwd=ROOT, env=env, capture_output=True, text=True,
                             timeout=300)
       assert done.returncode == 0, done.stderr[-3000:]
       return None

@@ -31,6 +31,7 @@ from bert_jax.data import finetune as finetune_data
 from configs import finetune_classification, finetune_qa, finetune_tagging
 from tests import test_finetune as ft
 from tests.suite_flags import xla_flags
+from tests import forked_launch
 
 pytestmark = pytest.mark.usefixtures("one_device")  # tests/conftest.py
 
@@ -119,7 +120,7 @@ def _records(name: str, n: int = 6) -> list[dict]:
 
 def _run_convert(*args) -> subprocess.CompletedProcess:
   env = {**os.environ, "JAX_PLATFORMS": "cpu", "XLA_FLAGS": xla_flags(1)}
-  return subprocess.run([sys.executable, os.path.join(ROOT, "launch", "convert.py"), *args],
+  return forked_launch.run([sys.executable, os.path.join(ROOT, "launch", "convert.py"), *args],
                         capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
 
 

@@ -41,6 +41,7 @@ from bert_jax.weights.layout import unpad_vocab
 from bert_jax.weights import tf_bundle
 from tests import tf_bundle_writer
 from tests.suite_flags import xla_flags
+from tests import forked_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONVERT = os.path.join(ROOT, "launch", "convert.py")
@@ -145,7 +146,7 @@ def _max_error(a: dict, b: dict) -> float:
 def _run(script, *args) -> subprocess.CompletedProcess:
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   env["XLA_FLAGS"] = xla_flags(1)  # One device is plenty (and compiles faster).
-  return subprocess.run([sys.executable, script, *args], capture_output=True, text=True,
+  return forked_launch.run([sys.executable, script, *args], capture_output=True, text=True,
                         env=env, timeout=240, cwd=ROOT)
 
 

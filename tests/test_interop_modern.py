@@ -41,6 +41,7 @@ from bert_jax.weights import hf, hf_heads, hf_modernbert, hf_tokenizer, params a
 from configs import finetune_classification, finetune_qa, finetune_tagging
 from tests import test_finetune as ft, test_hf_heads as heads_test
 from tests.suite_flags import xla_flags
+from tests import forked_launch
 
 pytestmark = pytest.mark.usefixtures("one_device")  # tests/conftest.py
 
@@ -68,7 +69,7 @@ def _run(script: str, *args: str) -> subprocess.CompletedProcess:
   """A launcher on one CPU device."""
   env = {**os.environ, "JAX_PLATFORMS": "cpu"}
   env["XLA_FLAGS"] = xla_flags(1)
-  return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args],
+  return forked_launch.run([sys.executable, os.path.join(ROOT, "launch", script), *args],
                         capture_output=True, text=True, env=env, timeout=300, cwd=ROOT)
 
 

@@ -19,13 +19,14 @@ from bert_jax.models.model import BertConfig, param_shapes
 from bert_jax.weights import params as params_lib
 from bert_jax.weights import layout
 from tests import test_train_e2e
+from tests import forked_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 def _launch(workdir: str, steps: int) -> None:
   """test_train_e2e's tiny launch on one device (its compilations are cached already)."""
-  result = subprocess.run(
+  result = forked_launch.run(
       [sys.executable, os.path.join(ROOT, "launch", "train.py"), f"--workdir={workdir}",
        *test_train_e2e.TINY, "--config.data.source=synthetic",
        f"--config.train.num_train_steps={steps}", "--config.checkpoint.save_every_steps=2",

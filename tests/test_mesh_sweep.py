@@ -14,6 +14,7 @@ from bert_jax.training import sharding
 from bert_jax.models.model import BertConfig
 from configs import base
 from tests.suite_flags import xla_flags
+from tests import forked_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 RULES = sharding.logical_rules(base.get_config().mesh)
@@ -80,7 +81,7 @@ def test_base_and_large_shapes_lower_and_compile_on_32_devices():
   """benchmarks/mesh_sweep.py at reduced sizes (one layer, head size 8, the real head counts
   and vocabulary) in one process: every mesh lowered (all shardings resolved), BERT-Large-like
   on tensor 8 x fsdp 4 compiled, 12 heads on tensor 8 refused in one line."""
-  done = subprocess.run(
+  done = forked_launch.run(
       [sys.executable, "benchmarks/mesh_sweep.py", "--sizes=reduced", "--compile=large:1x4x8"],
       cwd=ROOT, env=_env(32), capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-3000:]
@@ -98,7 +99,7 @@ def test_base_and_large_shapes_lower_and_compile_on_32_devices():
 
 
 def test_the_launcher_refuses_12_heads_on_tensor_8_in_one_line():
-  done = subprocess.run(
+  done = forked_launch.run(
       [sys.executable, "launch/train.py", "--config=configs/base.py", "--compile_only",
        "--config.mesh.tensor=8", "--config.mesh.data=1", "--config.mesh.fsdp=4",
        "--config.data.source=synthetic", "--config.train.batch_size=32",

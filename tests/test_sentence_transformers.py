@@ -16,6 +16,7 @@ from bert_jax import finetune, predict
 from bert_jax.weights import hf_export
 from tests.suite_flags import xla_flags
 from tests.test_embedding import _pairs_config
+from tests import forked_launch
 
 pytestmark = pytest.mark.usefixtures("one_device")  # tests/conftest.py
 
@@ -57,7 +58,7 @@ def _load(directory):
 def test_a_bert_export_encodes_as_the_predict_launcher(tmp_path):
   workdir = _trained(tmp_path)
   out = tmp_path / "st"
-  done = subprocess.run([sys.executable, "launch/convert.py", f"--from_bert_jax={workdir}",
+  done = forked_launch.run([sys.executable, "launch/convert.py", f"--from_bert_jax={workdir}",
                          f"--to_sentence_transformers={out}"], cwd=ROOT, env=_env(),
                         capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]
@@ -67,7 +68,7 @@ def test_a_bert_export_encodes_as_the_predict_launcher(tmp_path):
   assert [m["path"] for m in modules] == ["", "1_Pooling", "2_Normalize"]
   inputs = tmp_path / "texts.jsonl"
   inputs.write_text("".join(json.dumps({"text": t}) + "\n" for t in TEXTS))
-  done = subprocess.run([sys.executable, "launch/predict.py", "--mode=embed",
+  done = forked_launch.run([sys.executable, "launch/predict.py", "--mode=embed",
                          f"--checkpoint={workdir}", f"--input_file={inputs}"], cwd=ROOT,
                         env=_env(), capture_output=True, text=True, timeout=300)
   assert done.returncode == 0, done.stderr[-2000:]

@@ -20,6 +20,7 @@ from bert_jax.models import model
 from bert_jax.training import aot, collectives, programs
 from configs import finetune_classification, modern_tiny, tiny
 from suite_flags import xla_flags
+from tests import forked_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 TOPOLOGY = "v5e:2x2"  # 4 chips of TPU v5 lite.
@@ -223,7 +224,7 @@ def test_the_tpu_extra_pins_the_libtpu_of_jaxs_own_tpu_extra():
 
 def _launch(*args, config="configs/tiny.py"):
   env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
-  return subprocess.run([sys.executable, "launch/train.py", f"--config={config}",
+  return forked_launch.run([sys.executable, "launch/train.py", f"--config={config}",
                          "--config.data.source=synthetic", *args],
                         cwd=ROOT, env=env, capture_output=True, text=True, timeout=300)
 
@@ -284,7 +285,7 @@ def test_explicit_splash_trains_through_the_launcher_on_data_4(tmp_path):
   """d16959b stopped at init with attention_impl='splash' (a length of 2 refused) on every
   backend, and on a data x fsdp > 1 mesh splash's shard_map refused init's batch of 1."""
   env = dict(os.environ, XLA_FLAGS=xla_flags(4), JAX_PLATFORMS="cpu")
-  done = subprocess.run(
+  done = forked_launch.run(
       [sys.executable, "launch/train.py", "--config=configs/tiny.py",
        "--config.data.source=synthetic", "--config.model.attention_impl=splash",
        "--config.model.attention_probs_dropout_prob=0.0", "--config.train.num_train_steps=2",

@@ -14,6 +14,7 @@ import time
 import numpy as np
 import pytest
 from tests.suite_flags import xla_flags
+from tests import forked_launch
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
@@ -49,7 +50,7 @@ def _launch(workdir, *flags, wait=True, timeout=300, devices=1):
   if not wait:
     return subprocess.Popen(command, cwd=ROOT, env=_env(devices), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT, text=True)
-  return subprocess.run(command, cwd=ROOT, env=_env(devices), capture_output=True, text=True,
+  return forked_launch.run(command, cwd=ROOT, env=_env(devices), capture_output=True, text=True,
                         timeout=timeout)
 
 
@@ -200,7 +201,7 @@ def test_continued_pretraining_starts_from_given_weights(prepared, tmp_path):
 def test_compile_only_reports_per_device_memory_without_data(tmp_path):
   command = [sys.executable, os.path.join(ROOT, "launch/train.py"), *TINY,
              "--config.data.source=synthetic", "--compile_only", f"--workdir={tmp_path}"]
-  result = subprocess.run(command, cwd=ROOT, env=_env(devices=8), capture_output=True, text=True,
+  result = forked_launch.run(command, cwd=ROOT, env=_env(devices=8), capture_output=True, text=True,
                           timeout=300)
   assert result.returncode == 0, result.stderr
   report = json.loads(result.stdout[result.stdout.index("{"):])
@@ -529,7 +530,7 @@ def test_unrecorded_damaged_checkpoint_falls_back_without_a_traceback(prepared, 
 
 
 def _launcher(script, *args, timeout=120):
-  return subprocess.run([sys.executable, os.path.join(ROOT, "launch", script), *args], cwd=ROOT,
+  return forked_launch.run([sys.executable, os.path.join(ROOT, "launch", script), *args], cwd=ROOT,
                         env=_env(devices=8), capture_output=True, text=True, timeout=timeout)
 
 
