@@ -5,6 +5,8 @@ Run (one of --input, --tfds_name, --builtin):
   python launch/prepare_data.py --input=books.txt --input_format=paragraphs \
       --output_dir=data/books --vocab=uncased_L-12_H-768_A-12/vocab.txt
   python launch/prepare_data.py --tfds_name=wikipedia/20230601.en --output_dir=data/wiki
+  python launch/prepare_data.py --input='dump/*.jsonl.gz' --text_field=text --output_dir=data/web
+  python launch/prepare_data.py --input=fineweb/part-0.parquet --output_dir=data/fineweb
   python launch/prepare_data.py --builtin --output_dir=data/builtin --vocab_size=8192
   python launch/prepare_data.py --input=books.txt --output_dir=data/books_mlm --objective=mlm
   python launch/prepare_data.py --input=books.txt --output_dir=gs://bucket/data/books
@@ -29,17 +31,25 @@ from absl import flags
 
 from bert_jax.runtime import cli
 from bert_jax.data import blocks
+from bert_jax.data import inputs
 from bert_jax.data import packing
 from bert_jax.data import sources
 from configs import base
 
 _DEFAULTS = base.get_config()
 
-_INPUT = flags.DEFINE_list("input", [], "Corpus files or globs (comma-separated).")
+_INPUT = flags.DEFINE_list(
+    "input", [], "Corpus files or globs (comma-separated), or HuggingFace datasets directories "
+    "(save_to_disk).")
 _INPUT_FORMAT = flags.DEFINE_enum(
-    "input_format", "bert", ["bert", "paragraphs"],
-    "bert: one sentence per line, blank line between documents; paragraphs: plain text, "
-    "blank-line-separated documents split into sentences here.")
+    "input_format", "auto", list(inputs.FORMATS),
+    "auto: by each file's name (.jsonl/.ndjson/.json, also .gz or .zst: jsonl; .parquet/.pq: "
+    "parquet; .arrow and datasets directories: arrow; anything else: bert). bert: one sentence "
+    "per line, blank line between documents; paragraphs: plain text, blank-line-separated "
+    "documents split into sentences here; jsonl, parquet, arrow: a document per record, from "
+    "--text_field, split into sentences here.")
+_TEXT_FIELD = flags.DEFINE_string("text_field", "text",
+                                  "The text field (column) of JSONL, Parquet and Arrow input.")
 _TFDS_NAME = flags.DEFINE_string("tfds_name", "", "TFDS text dataset instead of --input.")
 _TFDS_SPLIT = flags.DEFINE_string("tfds_split", "train", "Split of --tfds_name.")
 _TFDS_FIELD = flags.DEFINE_string("tfds_field", "text", "Text field of --tfds_name.")
@@ -98,7 +108,8 @@ def main() -> None:
   meta = sources.prepare_corpus(
       _OUTPUT_DIR.value,
       sources.CorpusSource(
-          input=_INPUT.value, input_format=_INPUT_FORMAT.value, tfds_name=_TFDS_NAME.value,
+          input=_INPUT.value, input_format=_INPUT_FORMAT.value, text_field=_TEXT_FIELD.value,
+          tfds_name=_TFDS_NAME.value,
           tfds_split=_TFDS_SPLIT.value, tfds_field=_TFDS_FIELD.value,
           tfds_data_dir=_TFDS_DATA_DIR.value, builtin=_BUILTIN.value,
           builtin_max_mb=_BUILTIN_MAX_MB.value),

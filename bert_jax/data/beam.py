@@ -50,6 +50,7 @@ from apache_beam.options.pipeline_options import PipelineOptions
 from bert_jax.runtime import storage
 from bert_jax.data import blocks
 from bert_jax.data import corpus
+from bert_jax.data import inputs
 from bert_jax.data import prepare
 from bert_jax.data import shuffle
 from bert_jax.data import workers
@@ -62,12 +63,12 @@ class _ReadFile(beam.DoFn):
   """A file's documents as (key, sentences) (`shuffle.clean`ed, empty ones dropped), and its
   `corpus.CorpusStats` as a dict on the "stats" output."""
 
-  def __init__(self, input_format: str, seed: int):
-    self._input_format, self._seed = input_format, seed
+  def __init__(self, input_format: str, seed: int, text_field: str = "text"):
+    self._input_format, self._seed, self._text_field = input_format, seed, text_field
 
   def process(self, path: str) -> Iterator[Any]:
     stats = corpus.CorpusStats()
-    for document in corpus.file_documents(path, self._input_format, stats):
+    for document in inputs.file_documents(path, self._input_format, stats, self._text_field):
       sentences = shuffle.clean(document)
       if sentences:
         yield shuffle.document_key(self._seed, sentences), sentences
@@ -83,13 +84,16 @@ def _sum_dicts(dicts: Iterable[dict[str, int]]) -> dict[str, int]:
 
 
 def _shard_blocks(item: tuple[int, Iterable[tuple[bytes, list[str]]]],
-                  settings: blocks.ExampleSettings) -> Iterator[blocks.DocumentBlock]:
-  """The blocks of one shard: its documents in key order, cut as the local path cuts them."""
+                  settings: blocks.ExampleSettings) -> Iterator[Any]:
+  """The blocks of one shard: its documents in key order, each text once, cut as the local
+  path cuts them; the repeats dropped counted on the "stats" output."""
   shard, keyed = item
-  ordered = sorted(keyed, key=lambda kd: kd[0])
+  tally: dict[str, int] = {}
+  ordered = shuffle.distinct(sorted(keyed, key=lambda kd: kd[0]), tally)
   yield from blocks.iter_document_blocks(
       (sentences for _, sentences in ordered), validation_fraction=settings.validation_fraction,
       block_chars=settings.block_chars, shard=shard)
+  yield beam.pvalue.TaggedOutput("stats", tally)
 
 
 class _WriteBlock(beam.DoFn):
@@ -150,26 +154,29 @@ def _finalize(results: list[tuple], corpus_stats: dict[str, int], *, output_dir:
 
 def build_pipeline(pipeline: beam.Pipeline, paths: Sequence[str], input_format: str, vocab,
                    settings: blocks.ExampleSettings, output_dir: str,
-                   corpus_fingerprint: str = "") -> None:
+                   corpus_fingerprint: str = "", text_field: str = "text") -> None:
   """Adds preparation's transforms to `pipeline` (the vocabulary is already in `output_dir`)."""
   read = (pipeline
           | "Files" >> beam.Create(list(paths))
           | "SpreadFiles" >> beam.Reshuffle()
-          | "Read" >> beam.ParDo(_ReadFile(input_format, settings.seed)).with_outputs(
+          | "Read" >> beam.ParDo(_ReadFile(input_format, settings.seed, text_field)).with_outputs(
               "stats", main="documents"))
   documents = read.documents
   chars = (documents
            | "Chars" >> beam.Map(lambda kd: sum(map(len, kd[1])))
            | "SumChars" >> beam.CombineGlobally(sum))
-  corpus_stats = (read.stats
-                  | "CorpusStats" >> beam.CombineGlobally(_sum_dicts))
-  results = (documents
+  sharded = (documents
              | "Shard" >> beam.Map(
                  lambda kd, total: (shuffle.shard_of(
                      kd[0], shuffle.shard_bits(total, settings.shard_chars)), kd),
                  total=beam.pvalue.AsSingleton(chars))
              | "GroupShards" >> beam.GroupByKey()
-             | "Blocks" >> beam.FlatMap(_shard_blocks, settings)
+             | "Blocks" >> beam.FlatMap(_shard_blocks, settings).with_outputs(
+                 "stats", main="blocks"))
+  corpus_stats = ((read.stats, sharded.stats)
+                  | "AllStats" >> beam.Flatten()
+                  | "CorpusStats" >> beam.CombineGlobally(_sum_dicts))
+  results = (sharded.blocks
              | "SpreadBlocks" >> beam.Reshuffle()
              | "WriteBlocks" >> beam.ParDo(_WriteBlock(
                  storage.join(output_dir, _BLOCKS_DIR), vocab, settings)))
@@ -429,8 +436,8 @@ def check_options(beam_options: Sequence[str]) -> None:
 
 def prepare_dataset(output_dir: str, paths: Sequence[str], input_format: str, vocab,
                     settings: blocks.ExampleSettings, *, runner: str = "DirectRunner",
-                    beam_options: Sequence[str] = (), corpus_fingerprint: str = ""
-                    ) -> dict[str, Any]:
+                    beam_options: Sequence[str] = (), corpus_fingerprint: str = "",
+                    text_field: str = "text") -> dict[str, Any]:
   """`prepare.prepare_dataset` of the files `paths` on a Beam `runner` (options: Beam's flags,
   e.g. "--direct_num_workers=4", "--project=...", "--temp_location=gs://..."); returns the
   metadata written. On any failure what the run wrote into `output_dir` (empty before) is
@@ -453,7 +460,7 @@ def prepare_dataset(output_dir: str, paths: Sequence[str], input_format: str, vo
     with (scratch_tempdir(), _quiet_transform_errors(), _interrupt_reaches_workers(),
           _workers_output_to(workers_log), beam.Pipeline(options=options) as pipeline):
       build_pipeline(pipeline, paths, input_format, vocab, settings, output_dir,
-                     corpus_fingerprint)
+                     corpus_fingerprint, text_field)
   except BaseException as error:
     _drop_workers_log(workers_log, keep_tail=True)
     _remove_failed(output_dir, existed)

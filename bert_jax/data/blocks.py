@@ -208,13 +208,15 @@ def iter_document_blocks(
 
 
 def iter_prepared_blocks(
-    documents: Iterable[Sequence[str]], settings: "ExampleSettings", work_dir: str
+    documents: Iterable[Sequence[str]], settings: "ExampleSettings", work_dir: str,
+    tally: dict | None = None,
 ) -> Iterator[DocumentBlock]:
   """The blocks preparation builds: `documents` shuffled corpus-wide (`shuffle`, seeded by
   `settings.seed`; its temporary files in `work_dir`, which must not exist and is removed once
-  the documents have been read back), each shard cut into blocks (`iter_document_blocks`)."""
+  the documents have been read back; each text once, the repeats counted into `tally`), each
+  shard cut into blocks (`iter_document_blocks`)."""
   shuffled = shuffle.shuffled_documents(documents, seed=settings.seed, work_dir=work_dir,
-                                        shard_chars=settings.shard_chars)
+                                        shard_chars=settings.shard_chars, tally=tally)
   for shard, group in itertools.groupby(shuffled, key=lambda item: item[0]):
     yield from iter_document_blocks(
         (sentences for _, sentences in group), validation_fraction=settings.validation_fraction,

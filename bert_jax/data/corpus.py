@@ -46,6 +46,10 @@ class CorpusStats:
   sentences: int = 0
   bytes: int = 0  # Raw bytes read from the files (before decoding).
   invalid_bytes: int = 0  # Bytes that were not valid UTF-8 (each run decoded as U+FFFD).
+  records: int = 0  # Record files (`inputs`): records read, ...
+  empty_records: int = 0  # ... and those whose text field was null or blank (no document).
+  # Documents dropped as repeats of another's text (`shuffle.distinct`; counted there).
+  duplicate_documents: int = 0
 
 
 def expand_paths(patterns: str | Sequence[str]) -> list[str]:
@@ -100,7 +104,7 @@ def _count_and_replace(error: UnicodeError) -> tuple[str, int]:
 codecs.register_error(_ERROR_HANDLER, _count_and_replace)
 
 
-def _decode(raw: bytes) -> tuple[str, int]:
+def decode_utf8(raw: bytes) -> tuple[str, int]:
   """(text, invalid byte count) of UTF-8 `raw`; each invalid run becomes one U+FFFD."""
   try:
     return raw.decode("utf-8"), 0  # The common case, at C speed.
@@ -130,7 +134,7 @@ def check_text_files(paths: Sequence[str]) -> None:
     if b"\x00" in head:
       why = "it holds NUL bytes"
     else:
-      invalid = _decode(head)[1]
+      invalid = decode_utf8(head)[1]
       if invalid <= MAX_INVALID_SHARE * len(head):
         continue
       why = f"{invalid / len(head):.0%} of its first {len(head):,} bytes are not UTF-8"
@@ -151,7 +155,7 @@ def _read_lines(path: str, stats: CorpusStats) -> Iterator[str]:
       stats.bytes += len(raw)
       if i == 0 and raw.startswith(codecs.BOM_UTF8):
         raw = raw[len(codecs.BOM_UTF8):]
-      line, line_invalid = _decode(raw)
+      line, line_invalid = decode_utf8(raw)
       if line_invalid:
         invalid += line_invalid
         stats.invalid_bytes += line_invalid
@@ -166,7 +170,7 @@ def _count(doc: Document, stats: CorpusStats) -> Document:
   return doc
 
 
-def _empty_corpus_error(paths: Sequence[str]) -> ValueError:
+def empty_corpus_error(paths: Sequence[str]) -> ValueError:
   shown = ", ".join(paths[:5]) + (f" (and {len(paths) - 5} more)" if len(paths) > 5 else "")
   return ValueError(f"The corpus has no documents (no non-blank lines) in: {shown}.")
 
@@ -203,7 +207,7 @@ def _iter_files(paths: str | Sequence[str], input_format: str,
   for path in files:
     yield from file_documents(path, input_format, stats)
   if stats.documents == found:
-    raise _empty_corpus_error(files)
+    raise empty_corpus_error(files)
 
 
 def iter_bert_format(paths: str | Sequence[str],
@@ -287,7 +291,7 @@ def split_sentences(text: str) -> list[str]:
 # TFDS text datasets
 
 
-def _text_to_document(text: str) -> Document:
+def text_to_document(text: str) -> Document:
   """Splits a whole article into sentences, paragraph by paragraph (paragraphs are lines)."""
   doc: Document = []
   for paragraph in text.split("\n"):
@@ -321,11 +325,11 @@ def iter_tfds_text(name: str, split: str = "train", field: str = "text",
     text = record[field]
     if isinstance(text, bytes):
       stats.bytes += len(text)
-      text, invalid = _decode(text)
+      text, invalid = decode_utf8(text)
       stats.invalid_bytes += invalid
     else:
       stats.bytes += len(text.encode("utf-8"))
-    doc = _text_to_document(text)
+    doc = text_to_document(text)
     if doc:
       yield _count(doc, stats)
   if stats.documents == found:

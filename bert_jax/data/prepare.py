@@ -45,8 +45,9 @@ FORMAT_VERSION = 3
 # What rows a corpus and settings give, in the same format: bumped when they change, so that a
 # cached dataset (the built-in corpus's key, `builtin.cache_key`) is prepared again rather than
 # reused. 2: documents shuffled corpus-wide before blocking (`shuffle`); 3: the shuffle orders
-# documents by a seeded hash key and blocks are cut within shards of it (the same rows from Beam).
-PREPARATION_VERSION = 3
+# documents by a seeded hash key and blocks are cut within shards of it (the same rows from Beam);
+# 4: a document that repeats another's text is dropped (`shuffle.distinct`).
+PREPARATION_VERSION = 4
 _BLOCKS_DIR = ".blocks"
 _SHUFFLE_DIR = ".shuffle"
 
@@ -170,9 +171,10 @@ def _build(output_dir: str, documents_factory: DocumentsFactory, vocab,
   try:  # Whatever ends it (an error, Ctrl-C's KeyboardInterrupt), no temporary directory stays.
     os.makedirs(os.path.join(tmp_dir, _BLOCKS_DIR))
     vocab.save(os.path.join(tmp_dir, VOCAB_DIR))
+    tally: dict[str, int] = {}
     split_shards, split_stats = _write_shards(
         os.path.join(tmp_dir, _BLOCKS_DIR), os.path.join(tmp_dir, _SHUFFLE_DIR),
-        documents_factory(), vocab, settings, num_workers)
+        documents_factory(), vocab, settings, num_workers, tally)
     _check_splits(split_stats, settings)
 
     from bert_jax.data import tfds_builder  # Deferred: TFDS is a slow import.
@@ -180,7 +182,8 @@ def _build(output_dir: str, documents_factory: DocumentsFactory, vocab,
     tfds_builder.write_tfds_layout(tmp_dir, settings.max_seq_length, settings.examples_per_row,
                                    split_shards)
     shutil.rmtree(os.path.join(tmp_dir, _BLOCKS_DIR))
-    meta = _meta(vocab, settings, split_stats, corpus_stats, corpus_fingerprint,
+    read = _as_dict(corpus_stats)
+    meta = _meta(vocab, settings, split_stats, read and {**read, **tally}, corpus_fingerprint,
                  time.time() - start)
     with open(os.path.join(tmp_dir, META_FILE), "w") as f:
       json.dump(meta, f, indent=2)
@@ -214,12 +217,13 @@ SplitShards = dict[str, list[tuple[str, int, int]]]  # split -> [(path, rows, by
 
 def _write_shards(
     blocks_dir: str, shuffle_dir: str, documents: Iterable[Sequence[str]], vocab,
-    settings: blocks.ExampleSettings, num_workers: int,
+    settings: blocks.ExampleSettings, num_workers: int, tally: dict | None = None,
 ) -> tuple[SplitShards, dict[str, blocks.BlockStats]]:
   """Every block's ArrayRecord file in `blocks_dir` (the shuffle's files in `shuffle_dir`, gone
-  once read back): (the shards of each split, in block order; each split's counts)."""
+  once read back): (the shards of each split, in block order; each split's counts). The
+  documents dropped as repeats are counted into `tally` (`shuffle.distinct`)."""
   start = time.time()
-  document_blocks = blocks.iter_prepared_blocks(documents, settings, shuffle_dir)
+  document_blocks = blocks.iter_prepared_blocks(documents, settings, shuffle_dir, tally)
   split_shards: SplitShards = {s: [] for s in blocks.SPLITS}
   split_stats = {s: blocks.BlockStats() for s in blocks.SPLITS}
   # Closed on any error: the worker processes are stopped (the pool is terminated and joined)

@@ -7,9 +7,10 @@ consecutive input (2-4 books, or documents of one topic on topic-ordered input).
 documents are first put in a seeded random order:
 
 * Each document's key is a seeded 128-bit hash of its text (`document_key`); the shuffled order
-  is the order of the keys (documents with one key, the same text, in any order: they are
-  interchangeable). Hash keys are independent uniform draws, so the order is a uniformly random
-  permutation of the distinct documents, and each block a uniform random sample of the corpus.
+  is the order of the keys. Hash keys are independent uniform draws, so the order is a uniformly
+  random permutation of the distinct documents, and each block a uniform random sample of the
+  corpus. Documents of one text share one key, so they arrive together: the first is kept and
+  the others are dropped (`distinct`), counted as duplicates.
 * A key depends on the document and the seed alone, so any engine computes the same order, and
   the same records: this module in one process, or an Apache Beam pipeline
   (`bert_jax.data.beam`) that groups the documents by shard and sorts each shard.
@@ -122,10 +123,23 @@ def _scatter(records: Iterable[bytes], paths: Sequence[str], depth: int) -> None
   flush()
 
 
+def distinct(keyed: Iterable[tuple[bytes, list[str]]], counts: dict
+             ) -> Iterator[tuple[bytes, list[str]]]:
+  """`keyed` documents in key order, each text once: a document with the key (the text) of
+  the one before it is dropped and counted into `counts["duplicate_documents"]`."""
+  previous = None
+  for key, sentences in keyed:
+    if key == previous:
+      counts["duplicate_documents"] = counts.get("duplicate_documents", 0) + 1
+      continue
+    previous = key
+    yield key, sentences
+
+
 def _gather(path: str, depth: int, bits: int, max_file_bytes: int
-            ) -> Iterator[tuple[int, list[str]]]:
-  """(shard, sentences) of the documents of the file `path` (their keys share `depth` + 1
-  first bytes), in key order; deletes the file."""
+            ) -> Iterator[tuple[bytes, list[str]]]:
+  """(key, sentences) of the documents of the file `path` (their keys share `depth` + 1 first
+  bytes), in key order; deletes the file."""
   size = os.path.getsize(path)
   if size > max_file_bytes and depth + 1 < KEY_BYTES:
     parts = [f"{path}.{i:03d}" for i in range(_FANOUT)]
@@ -148,15 +162,17 @@ def _gather(path: str, depth: int, bits: int, max_file_bytes: int
   spans.sort(key=lambda span: span[0])
   view = memoryview(data)
   for key, start, end in spans:
-    yield shard_of(key, bits), marshal.loads(view[start:end])
+    yield key, marshal.loads(view[start:end])
 
 
 def shuffled_documents(
     documents: Iterable[Sequence[str]], *, seed: int, work_dir: str,
     max_file_bytes: int = MAX_FILE_BYTES, shard_chars: int = SHARD_CHARS,
+    tally: dict | None = None,
 ) -> Iterator[tuple[int, list[str]]]:
   """(shard, sentences) of `documents` in the seeded key order (sentences `clean`ed; documents
-  without any dropped), through temporary files in `work_dir`; shards ascend.
+  without any dropped, and repeats of a text: `distinct`, counted into `tally`), through
+  temporary files in `work_dir`; shards ascend.
 
   `work_dir` must not exist: it is created when iteration starts (all documents are read
   then) and removed with everything in it when the iterator is exhausted, closed or fails.
@@ -171,8 +187,10 @@ def shuffled_documents(
     logging.info("shuffle: %d documents (%d characters, %d shards) scattered over %d files in "
                  "%.1f s", counts["documents"], counts["chars"], 2**bits,
                  sum(map(os.path.exists, paths)), time.time() - start)
+    tally = {} if tally is None else tally
     for path in paths:
       if os.path.exists(path):
-        yield from _gather(path, 0, bits, max_file_bytes)
+        for key, sentences in distinct(_gather(path, 0, bits, max_file_bytes), tally):
+          yield shard_of(key, bits), sentences
   finally:
     shutil.rmtree(work_dir, ignore_errors=True)

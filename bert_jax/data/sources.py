@@ -18,6 +18,7 @@ from bert_jax.runtime import storage
 from bert_jax.data import blocks
 from bert_jax.data import builtin
 from bert_jax.data import corpus
+from bert_jax.data import inputs
 from bert_jax.data import prepare
 from bert_jax.data import vocab as vocab_lib
 
@@ -26,10 +27,13 @@ from bert_jax.data import vocab as vocab_lib
 class CorpusSource:
   """The corpus to prepare: exactly one of `input`, `tfds_name` and `builtin`."""
 
-  input: Sequence[str] = ()  # Files or globs.
-  # "bert": a sentence a line, blank line between documents; "paragraphs": plain text,
-  # blank-line-separated documents split into sentences.
-  input_format: str = "bert"
+  input: Sequence[str] = ()  # Files, globs or HuggingFace datasets directories.
+  # `inputs.FORMATS`: "auto" (by each file's name: .jsonl(.gz/.zst), .parquet, .arrow are
+  # records, anything else "bert"); "bert": a sentence a line, blank line between documents;
+  # "paragraphs": plain text, blank-line-separated documents split into sentences; "jsonl",
+  # "parquet", "arrow": records, a document each from `text_field`.
+  input_format: str = "auto"
+  text_field: str = "text"  # The text field of record inputs.
   tfds_name: str = ""
   tfds_split: str = "train"
   tfds_field: str = "text"
@@ -134,18 +138,18 @@ def _prepare_beam(output_dir: str, source: CorpusSource, vocab: VocabSource,
     raise ValueError(f"--beam_runner={runner!r} is not one of {', '.join(beam.RUNNERS)}")
   beam.check_options(options)
   _, _, fingerprint, named = _documents(source)
-  paths = corpus.expand_paths(source.input)
+  paths = inputs.expand(source.input)
   sample = _vocab_sample(paths, settings.seed)
 
   def documents() -> Iterator[corpus.Document]:
     stats = corpus.CorpusStats()
     for path in sample:
-      yield from corpus.file_documents(path, source.input_format, stats)
+      yield from inputs.file_documents(path, source.input_format, stats, source.text_field)
 
   with tempfile.TemporaryDirectory(prefix="bert_jax_prepare_") as work_dir:
     trained = _vocab(vocab, documents, work_dir, named)
     meta = beam.prepare_dataset(output_dir, paths, source.input_format, trained, settings,
-                                runner=runner, beam_options=options,
+                                text_field=source.text_field, runner=runner, beam_options=options,
                                 corpus_fingerprint=fingerprint)
   return meta
 
@@ -174,11 +178,16 @@ def chosen_source(source: CorpusSource) -> str:
 def describe(output_dir: str, meta: dict[str, Any]) -> str:
   """One line on a prepared dataset: rows, examples, fill rate, vocabulary, layout, time."""
   train, validation = meta["splits"]["train"], meta["splits"]["validation"]
+  read = meta.get("corpus_stats") or {}
+  dropped = [f"{read[name]:,} {what}" for name, what in (
+      ("duplicate_documents", "documents that repeat another's text"),
+      ("empty_records", "records without text")) if read.get(name)]
   return (f"Prepared {output_dir} ({meta['objective']}): {train['rows']} train rows "
           f"({train['examples']} examples, {train['fill_rate']:.1%} real tokens) / "
           f"{validation['rows']} validation rows, vocab {meta['vocab_size']} "
           f"({meta['vocab_kind']}), max_seq_length {meta['max_seq_length']}, up to "
-          f"{meta['max_examples_per_row']} examples per row, {meta['prepare_seconds']:.1f} s.")
+          f"{meta['max_examples_per_row']} examples per row, {meta['prepare_seconds']:.1f} s."
+          + (f" Dropped {' and '.join(dropped)}." if dropped else ""))
 
 
 def _builtin_settings(source: CorpusSource, vocab: VocabSource,
@@ -215,16 +224,17 @@ def _documents(source: CorpusSource) -> tuple[
              f"{source.tfds_field})")
     return documents, lambda: holder["stats"], fingerprint, named
 
-  paths = corpus.expand_paths(source.input)
-  corpus.check_text_files(paths)
-  reader = (corpus.iter_bert_format if source.input_format == "bert"
-            else corpus.iter_paragraph_text)
+  inputs.file_format("", source.input_format)  # A bad --input_format, before the files.
+  paths = inputs.expand(source.input)
+  inputs.check_files(paths, source.input_format)
   digest = hashlib.sha256()
   for path in paths:
     digest.update(f"{storage.absolute(path)}\t{storage.size(path)}\n".encode())
+  if any(inputs.file_format(p, source.input_format) in inputs.RECORD_FORMATS for p in paths):
+    digest.update(f"text_field\t{source.text_field}\n".encode())
 
   def documents() -> Iterator[corpus.Document]:
-    return reader(paths, fresh_stats())
+    return inputs.iter_documents(paths, source.input_format, fresh_stats(), source.text_field)
   return (documents, lambda: holder["stats"], f"files:{digest.hexdigest()[:16]}",
           f"--input={','.join(source.input)}")
 
