@@ -51,7 +51,7 @@ Check = Callable[[Any], str | None]
 Relation = Callable[[ml_collections.ConfigDict], str | None]
 
 # Values the code that reads these fields accepts (it holds them inline).
-DATA_SOURCES = ("builtin", "prepared", "synthetic")  # data/pipeline.py, train.py
+DATA_SOURCES = ("builtin", "prepared", "mixture", "synthetic")  # data/pipeline.py, train.py
 VOCAB_MODEL_TYPES = ("unigram", "bpe")  # data/vocab.py train_sentencepiece
 ON_DAMAGED = ("fallback", "fail")  # checkpointing.py
 DATA_FORMATS = ("auto", "jsonl", "csv")  # finetune_data.py
@@ -354,6 +354,9 @@ PRETRAINING_RULES: dict[str, Check] = {
                    classifier_pooling=_model_choice("classifier_pooling")),
     "data.source": one_of(DATA_SOURCES),
     "data.dataset_dir": string('"": none; source "prepared" needs one'),
+    "data.mixture": string('"": none; source "mixture" needs one'),
+    "data.mixture_temperature": number(0.0, low_open=True, meaning="1: sizes' proportions"),
+    "data.mixture_phases": string('"": one phase'),
     # [CLS] A [SEP] B [SEP]: the shortest row prepare and the synthetic source can build.
     "data.max_seq_length": integer(5, "[CLS] A [SEP] B [SEP]"),
     "data.objective": one_of(tuple(packing.ROW_FORMATS)),
@@ -615,6 +618,25 @@ def _prepared_needs_dataset_dir(config) -> str | None:
   return None
 
 
+def _mixture_fields_with_a_mixture(config) -> str | None:
+  """A mixture needs its datasets, and its fields are read by source "mixture" only; the
+  mixture's own syntax (`data/mixture.py`)."""
+  data = config.data
+  if data.source != "mixture":
+    for field, default in (("mixture", ""), ("mixture_temperature", 1.0),
+                           ("mixture_phases", "")):
+      if data[field] != default:
+        return (f"config.data.{field}={data[field]!r} is read by config.data.source='mixture' "
+                f"only (this run's source: {data.source!r})")
+    return None
+  from bert_jax.data import mixture  # pylint: disable=import-outside-toplevel
+  try:
+    mixture.MixtureSpec.parse(data.mixture, data.mixture_temperature, data.mixture_phases)
+  except ValueError as e:
+    return str(e)
+  return None
+
+
 def _builtin_needs_validation(config) -> str | None:
   # Pretraining evaluates on the validation split (at least at its last step); with 0 the
   # built-in corpus would be prepared (minutes) only to fail on an empty split.
@@ -660,7 +682,7 @@ def _one_training_source(config) -> str | None:
 PRETRAINING_RELATIONS: tuple[Relation, ...] = (
     _model_relations_hold, _length_fits_positions, _predictions_cover_a_row,
     _replacements_sum_to_at_most_one, _microbatches_divide_batch, _one_inferred_mesh_axis,
-    _prepared_needs_dataset_dir, _builtin_needs_validation,
+    _prepared_needs_dataset_dir, _builtin_needs_validation, _mixture_fields_with_a_mixture,
     _window_fits_a_row, _span_warmup_is_mlm, _splash_blocks_divide_a_row,
     _wsd_warmup_ends_before_the_decay, _rtd_generator_fits, _rate_stages_line_up)
 

@@ -16,7 +16,8 @@ from bert_jax import config_checks
 from bert_jax.checkpoints import checkpointing
 from bert_jax.training import aot, programs, sharding, trainer
 from bert_jax.runtime import storage
-from bert_jax.data import batching, builtin, packing, pipeline, prepare
+from bert_jax.runtime.metrics_writer import console
+from bert_jax.data import batching, builtin, mixture, packing, pipeline, prepare
 from bert_jax.data.vocab import Vocab
 from bert_jax.objectives.masking import MaskingConfig
 from bert_jax.models import rtd as rtd_model
@@ -41,6 +42,8 @@ def check(config) -> None:
   if config.data.source == "prepared":
     # A prepared dataset is read, never written.
     pipeline.resolve_dataset(pipeline.DataSpec.from_config(config), workdir="")
+  elif config.data.source == "mixture":
+    mixture.resolve(_mixture_spec(config), pipeline.DataSpec.from_config(config))
 
 
 def _check_config(config) -> None:
@@ -58,14 +61,24 @@ def train_and_evaluate(config, workdir: str) -> dict[str, Any]:
   metrics (and state)."""
   _check_config(config)  # The dataset is checked where it is resolved (_resolve_data).
   model_config = BertConfig.from_config(config.model)
-  dataset_dir, meta = _resolve_data(config, workdir)
+  if config.data.source == "mixture":
+    dirs, metas = mixture.resolve(_mixture_spec(config), pipeline.DataSpec.from_config(config))
+    dataset_dir, meta = dirs[0], metas[0]  # The sources share vocabulary and row format.
+    train_iter, eval_batches = _mixture_data(config, dirs)
+    data = {"source": "mixture", "datasets": dict(zip(map(mixture.name_of, dirs), dirs))}
+  else:
+    dataset_dir, meta = _resolve_data(config, workdir)
+    train_iter = _train_iterator(config, dataset_dir, model_config.vocab_size)
+    eval_batches = _eval_batches(config, dataset_dir) if dataset_dir else None
+    data = {"source": config.data.source, "dataset_dir": dataset_dir}
   task = pretraining_task(config, model_config, meta if dataset_dir else None)
   vocab = Vocab.load(prepare.vocab_dir(dataset_dir, meta)) if dataset_dir else None
   run = trainer.Run(
-      task=task, train_iter=_train_iterator(config, dataset_dir, model_config.vocab_size),
-      eval_batches=_eval_batches(config, dataset_dir) if dataset_dir else None, eval_data=None,
+      task=task, train_iter=train_iter, eval_batches=eval_batches, eval_data=None,
       meta={"config": config.to_dict(), "model_config": dataclasses.asdict(model_config),
-            "data": {"source": config.data.source, "dataset_dir": dataset_dir}},
+            "data": data},
+      data_report=(mixture.MixtureIterator.report if config.data.source == "mixture"
+                   else None),
       vocab=vocab,
       initial_params=(_initial_params(config, model_config, vocab)
                       if config.init_from else None),
@@ -172,6 +185,25 @@ def _train_iterator(config, dataset_dir: str | None, vocab_size: int):
         cls_id=s["cls_id"], sep_id=s["sep_id"], special_ids=tuple(s.values()),
         max_examples_per_row=examples_per_row(config), **common)
   return pipeline.make_train_iterator(dataset_dir, num_workers=config.data.num_workers, **common)
+
+
+def _mixture_spec(config) -> mixture.MixtureSpec:
+  return mixture.MixtureSpec.parse(config.data.mixture, config.data.mixture_temperature,
+                                   config.data.mixture_phases)
+
+
+def _mixture_data(config, dirs: list[str]):
+  """(train iterator, eval sets by source name) of a mixture."""
+  phases = mixture.phase_weights(_mixture_spec(config), mixture.sizes(dirs),
+                                 config.train.num_train_steps)
+  shown = ", ".join(f"{mixture.name_of(d)} {w:.3f}" for d, w in zip(dirs, phases[0][1]))
+  console(f"Mixture: {shown}" + "".join(
+      f"; from step {start}: " + ", ".join(f"{w:.3f}" for w in weights)
+      for start, weights in phases[1:]))
+  train_iter = mixture.MixtureIterator(
+      dirs, phases, global_batch_size=config.train.batch_size, seed=config.seed,
+      process_index=jax.process_index(), process_count=jax.process_count(), log=console)
+  return train_iter, lambda: {mixture.name_of(d): _eval_batches(config, d)() for d in dirs}
 
 
 def _eval_batches(config, dataset_dir: str):

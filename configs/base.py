@@ -94,8 +94,17 @@ def get_config() -> ml_collections.ConfigDict:
   # ---------------------------------------------------------------- data
   config.data = ml_collections.ConfigDict()
   config.data.source = "builtin"  # "builtin" (docstring corpus, prepared into the workdir),
-  #                                  "prepared" (data.dataset_dir) or "synthetic" (random ids).
+  #                                  "prepared" (data.dataset_dir), "mixture" (data.mixture) or
+  #                                  "synthetic" (random ids).
   config.data.dataset_dir = ""  # A directory written by launch/prepare_data.py (source=prepared).
+  # source="mixture": prepared datasets (one vocabulary, one row format) and their weights,
+  # "DIR_A:0.7,DIR_B:0.3"; without weights ("DIR_A,DIR_B") each weighs its train rows ^
+  # mixture_temperature. Each row of a batch is drawn from one source (data/mixture.py).
+  config.data.mixture = ""
+  config.data.mixture_temperature = 1.0  # mmBERT / XLM-R's tau: 1 = sizes' proportions.
+  # Other weights from a fraction of train.num_train_steps on (annealing): "0.9:0.5,0.5", ";"
+  # between phases. "": the weights above throughout.
+  config.data.mixture_phases = ""
   config.data.max_seq_length = 128  # Tokens per row, [CLS] A [SEP] B [SEP] included.
   # "mlm_nsp": BERT's NSP pairs, MLM + NSP losses. "mlm": RoBERTa's FULL-SENTENCES rows
   # (contiguous text across sentences and documents, [SEP] between documents, every row full),

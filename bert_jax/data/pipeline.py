@@ -309,7 +309,7 @@ class ReadBatch(grain.transforms.Map):
     return read_rows(self._source, indices.tolist(), self._dataset_dir, self._split)
 
 
-def _split_source(dataset_dir: str, split: str):
+def split_source(dataset_dir: str, split: str):
   """The split's rows, raw bytes (decoded by `decode_records`)."""
   storage.require_local(dataset_dir, "The prepared dataset")  # ArrayRecord opens local files.
   prepare.load_meta(dataset_dir)  # Clear error when the directory is not a prepared dataset.
@@ -339,7 +339,7 @@ def make_train_iterator(
   batch_size = batching.per_host_batch_size(global_batch_size, process_count)
   if not 0 <= process_index < process_count:
     raise ValueError(f"process_index={process_index} not in [0, {process_count}).")
-  source = _split_source(dataset_dir, blocks.TRAIN)
+  source = split_source(dataset_dir, blocks.TRAIN)
   # Shuffle and batch record indices globally, keep this host's rows; records are read (only
   # this host's) a batch at a time.
   dataset = grain.MapDataset.range(len(source)).shuffle(seed=seed).repeat(None)
@@ -366,7 +366,7 @@ class EvalBatches:
 
   def __init__(self, dataset_dir: str, *, global_batch_size: int, process_index: int,
                process_count: int, max_batches: int = 0):
-    self._source = _split_source(dataset_dir, blocks.VALIDATION)
+    self._source = split_source(dataset_dir, blocks.VALIDATION)
     self._dataset_dir = dataset_dir
     self.num_rows = len(self._source)
     self._rows = lambda: batching.eval_rows(self.num_rows, global_batch_size, process_index,

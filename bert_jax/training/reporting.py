@@ -8,7 +8,7 @@ of steps (`config.logging.profile_steps`).
 import collections
 import dataclasses
 import time
-from typing import Callable
+from typing import Any, Callable
 
 import jax
 import numpy as np
@@ -124,8 +124,9 @@ class Reporter:
   def exclude(self, seconds: float) -> None:
     self.interval.start += seconds
 
-  def log(self, step: int) -> dict[str, float]:
-    """The interval's record (metrics.jsonl, TensorBoard) and progress line -> the record."""
+  def log(self, step: int, data: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The interval's record (metrics.jsonl, TensorBoard) and progress line -> the record;
+    `data`: fields of the data's own (a mixture's rows drawn per source)."""
     interval, total = self.interval, self.settings.num_train_steps
     elapsed, steps_done = time.time() - interval.start, interval.steps
     report = self.sums.report()
@@ -141,6 +142,7 @@ class Reporter:
     if flops_per_example and self.peak:
       # The model FLOPs of the real tokens: an example's FLOPs per slot, times the real tokens.
       report["mfu"] = real * flops_per_example / self.task.seq_len / elapsed / self.peak
+    report.update(data or {})
     self.writer.write(step, "train", report)
     shown = " ".join(f"{k} {report[k]:.4f}" for k in ("loss", *self.task.log_keys))
     mfu = f" mfu {report['mfu']:.1%}" if "mfu" in report else ""

@@ -11,6 +11,7 @@ weights), `prefetch`, `reporting` (metric sums, progress line, MFU, profiler), `
 typed, as `settings.TrainSettings` (the driver builds it once; no ConfigDict reaches the loop).
 """
 
+import collections
 import contextlib
 import dataclasses
 import json
@@ -19,6 +20,7 @@ from typing import Any, Callable, Iterable
 
 import flax.linen as nn
 import jax
+import numpy as np
 from absl import logging
 
 from bert_jax.checkpoints import checkpointing
@@ -39,7 +41,9 @@ class Run:
   """What a driver hands the trainer."""
   task: Task
   train_iter: Any  # next() -> this process's rows of a global batch; get_state / set_state.
-  eval_batches: Callable[[], Iterable[dict]] | None  # -> local batches with example_weight.
+  # -> local batches with example_weight; or {name: batches} of several sets (a mixture's
+  # sources), scored together and each apart ("name/metric").
+  eval_batches: Callable[[], Iterable[dict] | dict[str, Iterable[dict]]] | None
   eval_data: Any  # Passed to `task.scores` (the fine-tuning TaskData; None for pretraining).
   meta: dict[str, Any]  # Recorded in every checkpoint (config, model config, data...).
   vocab: Vocab | None  # Saved as files in every checkpoint.
@@ -48,6 +52,8 @@ class Run:
   initial_params: Callable[[], dict] | None = None
   initial_source: str = ""  # Where the initial params come from (for the log).
   best_metric: str | None = None  # Export the params whenever this eval metric improves.
+  # The train iterator's state after a logged step -> fields of its train record.
+  data_report: Callable[[dict], dict] | None = None
 
 
 @dataclasses.dataclass
@@ -73,11 +79,25 @@ class _Loop:
     self.checkpointer.stop.wait(save, f"checkpoint {step}")
 
   def scores(self, params):
-    """The task's scores over every eval batch."""
+    """The task's scores over every eval batch; of several sets, over all of them together
+    (their sums added) and each apart, as "name/metric"."""
     task = self.run.task
-    outputs, sums = evaluation.evaluate(params, self.prog.eval_step, self.run.eval_batches(),
-                                        self.mesh, self.settings.seed, task.keeps_eval_outputs)
-    return task.scores(outputs, sums, self.run.eval_data)
+    batches = self.run.eval_batches()
+    sets = batches if isinstance(batches, dict) else {"": batches}
+    parts = {name: evaluation.evaluate(params, self.prog.eval_step, local, self.mesh,
+                                       self.settings.seed, task.keeps_eval_outputs)
+             for name, local in sets.items()}
+    outputs = {key: np.concatenate([o[key] for o, _ in parts.values()])
+               for key in next(iter(parts.values()))[0]}
+    sums = collections.Counter()
+    for _, part_sums in parts.values():
+      sums.update(part_sums)
+    scores = task.scores(outputs, dict(sums), self.run.eval_data)
+    if isinstance(batches, dict):
+      for name, (part_outputs, part_sums) in parts.items():
+        scores.metrics.update({f"{name}/{key}": value for key, value in task.scores(
+            part_outputs, part_sums, self.run.eval_data).metrics.items()})
+    return scores
 
   def evaluate_and_export(self, step: int, params) -> None:
     scores = self.scores(params)
@@ -119,7 +139,8 @@ def _run_loop(loop: _Loop, state, step_key, preemption: PreemptionFlag) -> Any:
       reporter.add(pending)  # Raises on a non-finite loss, before any save of this state.
       pending = []
     if log_now:
-      loop.result["train"] = reporter.log(step)
+      loop.result["train"] = reporter.log(step, run.data_report(json.loads(data_state))
+                                          if run.data_report else None)
     if not stop and _eval_due(settings, run, step):
       eval_start = time.time()
       loop.evaluate_and_export(step, state.params)
