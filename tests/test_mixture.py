@@ -174,6 +174,13 @@ def test_a_bad_mixture_is_one_line(datasets, tmp_path):
         "--config.data.mixture_temperature=0.3"), "applies to a mixture without weights"),
       (("--config.data.mixture=" + f"{web}:0.8,{tmp_path}/none:0.2",),
        f"config.data.mixture: {tmp_path}/none: "),
+      (("--config.data.mixture=" + f"{web}:1",), "names 1 dataset(s): give two or more"),
+      (("--config.data.mixture=" + f"{web}:0.5,{tmp_path}/x/web:0.5",),
+       "two datasets named 'web'"),
+      (("--config.data.mixture=" + f"{web}:0.8,{code}:0.2",
+        "--config.data.mixture_phases=0.9:1,0;0.5:0,1"), "starts at or before the phase before"),
+      (("--config.data.mixture=" + f"{web}:0.8,{code}:0.2", "--config.data.mixture_phases=1.5:1,0"),
+       "with 0 < FRACTION < 1"),
       (("--config.data.source=builtin",),
        "config.data.mixture='" + f"{web}:0.8,{code}:0.2' is read by config.data.source="
        "'mixture' only"),
