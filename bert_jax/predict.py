@@ -53,6 +53,8 @@ def encode_with_masks(vocab: Vocab, text: str) -> list[int]:
 
 def _display(vocab: Vocab, token_id: int) -> str:
   piece = vocab.id_to_piece(token_id)
+  if vocab.kind == "bpe":
+    return vocab.decode([token_id]).strip()  # Byte-level pieces are bytes, not text.
   return piece.replace("\u2581", "") if vocab.kind == "sentencepiece" else piece
 
 

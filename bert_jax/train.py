@@ -220,7 +220,9 @@ def _initial_params(config, model_config: BertConfig, vocab: Vocab | None):
   def load() -> dict:
     from bert_jax import weights  # Imports HF/TF readers only when needed.
     source = config.init_from
-    loaded_config, params, loaded_vocab = weights.load_pretrained(source)
+    # The heads this objective reads: a missing pooler and NSP head are no news to an MLM run.
+    uses = ("pooler", "mlm", "nsp") if config.data.objective.endswith("nsp") else ("mlm",)
+    loaded_config, params, loaded_vocab = weights.load_pretrained(source, uses)
     _check_positions(loaded_config, config, source)
     checkpointing.check_compatible(dataclasses.asdict(loaded_config),
                                    dataclasses.asdict(model_config), source)

@@ -654,9 +654,12 @@ def check_compatible(saved_model_config: dict[str, Any], model_config: dict[str,
            for k in BertConfig.fields_of(SHAPE, ARCHITECTURE)
            if saved_model_config.get(k, defaults[k]) != model_config[k]]
   if diffs:
+    flags = " ".join(f"--config.model.{k}={saved_model_config.get(k, defaults[k])}"
+                     for k in BertConfig.fields_of(SHAPE, ARCHITECTURE)
+                     if saved_model_config.get(k, defaults[k]) != model_config[k])
     raise ValueError(f"The checkpoint in {where} is of a different model ("
                      + "; ".join(diffs) + "). Use another --workdir, or set config.model "
-                     "to match the checkpoint.")
+                     f"to match the checkpoint: {flags}")
 
 
 def vocab_fingerprint(vocab: Vocab | None) -> str | None:

@@ -230,6 +230,8 @@ def piece_spans(vocab: Vocab, word: str, ids: Sequence[int]) -> list[tuple[int, 
     piece = vocab.id_to_piece(i)
     if vocab.kind == "sentencepiece":
       piece = piece.replace("\u2581", "")
+    elif vocab.kind == "bpe":
+      piece = piece.replace("\u0120", "")  # Byte-level BPE's space.
     elif piece.startswith("##"):
       piece = piece[2:]
     if aligned and i != vocab.unk_id:

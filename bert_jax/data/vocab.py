@@ -5,6 +5,9 @@ hard-coded elsewhere), `encode`, `encode_with_word_starts` (for whole-word maski
 - sentencepiece (trained here by `train_sentencepiece`): [PAD]=0, [UNK]=1, [CLS]=2, [SEP]=3,
   [MASK]=4. A word starts at a piece beginning with "▁" (sentencepiece's words are
   whitespace-delimited, so "word," is one word).
+- byte-level BPE (a HuggingFace `tokenizer.json` of a BPE model with BERT's special tokens, as
+  ModernBERT's): a word starts at a piece beginning with "Ġ" (the encoded space), the text's
+  first piece included; encoded and decoded by the `tokenizers` pipeline the file describes.
 - WordPiece (`vocab.txt` or a HuggingFace `tokenizer.json` of imported checkpoints), through HF
   `tokenizers` with BERT's normalisation; ids equal `transformers.BertTokenizerFast`, except
   that a vocab.txt's longest word is google-research/bert's 200 characters (HF's is 100: a word
@@ -42,6 +45,7 @@ TOKENIZER_JSON_FILE = "tokenizer.json"
 CONFIG_FILE = "vocab_config.json"  # Written by `save`: kind, file name and options.
 
 _SP_WORD_START = "\u2581"  # "▁", sentencepiece's whitespace marker.
+_BPE_WORD_START = "\u0120"  # "Ġ", byte-level BPE's space.
 _WORDPIECE_CONTINUATION = "##"
 # A longer word is [UNK]: google-research/bert's WordpieceTokenizer (max_input_chars_per_word);
 # HF's tokenizers and transformers use 100.
@@ -91,6 +95,8 @@ class Vocab:
     # Per-id flag: does this piece begin a word? Looked up per token when encoding.
     if kind == "sentencepiece":
       starts = [p.startswith(_SP_WORD_START) for p in pieces]
+    elif kind == "bpe":
+      starts = [p.startswith(_BPE_WORD_START) for p in pieces]
     else:
       starts = [not p.startswith(_WORDPIECE_CONTINUATION) for p in pieces]
     self._word_start = np.asarray(starts, dtype=np.int32)
@@ -141,7 +147,8 @@ class Vocab:
 
   @classmethod
   def from_wordpiece(cls, vocab_file: str, lowercase: bool | None = None) -> "Vocab":
-    """A WordPiece `vocab.txt` (one token per line, id = line number) or a `tokenizer.json`.
+    """A WordPiece `vocab.txt` (one token per line, id = line number) or a `tokenizer.json`
+    (WordPiece, or byte-level BPE: kind "bpe").
 
     `lowercase=None` detects it from a vocab.txt: no uppercase letter in any non-special token
     means an uncased vocabulary (lowercase and strip accents, as BERT-uncased).
@@ -154,13 +161,15 @@ class Vocab:
         tokenizer = tokenizers.Tokenizer.from_str(storage.read_text(vocab_file))
       except Exception as e:  # tokenizers raises a bare Exception on bad JSON.
         raise ValueError(f"{vocab_file}: not a HuggingFace tokenizer.json ({e}).") from e
-      if type(tokenizer.model).__name__ != "WordPiece":
-        raise ValueError(f"{vocab_file}: tokenizer.json model is "
-                         f"{type(tokenizer.model).__name__}, expected WordPiece (a "
-                         f"sentencepiece vocabulary loads from its {SENTENCEPIECE_FILE}).")
+      model = type(tokenizer.model).__name__
+      if model not in ("WordPiece", "BPE"):
+        raise ValueError(f"{vocab_file}: tokenizer.json model is {model}, expected WordPiece "
+                         f"or BPE (a sentencepiece vocabulary loads from its "
+                         f"{SENTENCEPIECE_FILE}).")
       tokenizer.no_truncation()
       tokenizer.no_padding()
-      return cls("wordpiece", vocab_file, tokenizer, lowercase)
+      return cls("wordpiece" if model == "WordPiece" else "bpe", vocab_file, tokenizer,
+                 lowercase if model == "WordPiece" else None)
     tokens = _read_vocab_txt(vocab_file)
     missing = [p for p in SPECIAL_PIECES if p not in tokens]
     if missing:
@@ -236,12 +245,12 @@ class Vocab:
     return WORDPIECE_FILE, "".join(piece + "\n" for piece in self._pieces).encode("utf-8")
 
   def wordpiece_tokenizer(self):
-    """A copy of a WordPiece vocabulary's `tokenizers.Tokenizer` (normaliser, pre-tokeniser,
-    model, specials), for exports that add their own post-processor."""
+    """A copy of a WordPiece (or BPE) vocabulary's `tokenizers.Tokenizer` (normaliser,
+    pre-tokeniser, model, specials), for exports that add their own post-processor."""
     import tokenizers
 
-    if self.kind != "wordpiece":
-      raise ValueError(f"{self.path}: a {self.kind} vocabulary has no WordPiece tokenizer")
+    if self.kind == "sentencepiece":
+      raise ValueError(f"{self.path}: a {self.kind} vocabulary has no tokenizers pipeline")
     return tokenizers.Tokenizer.from_str(self._processor.to_str())
 
   def save(self, directory: str) -> None:

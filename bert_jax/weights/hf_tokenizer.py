@@ -230,7 +230,7 @@ def tokenizer_files(vocab: Vocab, max_length: int,
   out = {TOKENIZER_JSON_FILE: hf_tokenizer(vocab).to_str(pretty=True).encode("utf-8")}
   if vocab.kind == "sentencepiece":
     out[SENTENCEPIECE_FILE] = vocab.model_file()[1]
-  else:
+  elif vocab.kind == "wordpiece":
     out["vocab.txt"] = "".join(vocab.id_to_piece(i) + "\n"
                                for i in range(vocab.size)).encode("utf-8")
   dump = lambda value: json.dumps(value, indent=2, ensure_ascii=False).encode("utf-8")
