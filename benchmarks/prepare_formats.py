@@ -115,12 +115,15 @@ def _measure(fmt: str, path: str, vocab_file: str) -> dict:
     raise RuntimeError(f"{fmt}: preparation failed:\n{stderr[-3000:]}")
   with open(os.path.join(output, "bert_meta.json")) as f:
     meta = json.load(f)
+  dataset_bytes = sum(os.path.getsize(os.path.join(d, n))
+                      for d, _, names in os.walk(output) for n in names)
   shutil.rmtree(output, ignore_errors=True)
   return {"format": fmt, "file_mb": round(os.path.getsize(path) / 1e6, 1),
           "seconds": round(seconds, 1), "rows": sum(s["rows"] for s in meta["splits"].values()),
           "documents": meta["corpus_stats"]["documents"],
           "duplicate_documents": meta["corpus_stats"]["duplicate_documents"],
-          "peak_tree_rss_mb": round(peak[0] / 2**20, 1), "line": stdout.strip()[-300:]}
+          "peak_tree_rss_mb": round(peak[0] / 2**20, 1),
+          "dataset_mb": round(dataset_bytes / 1e6, 1), "line": stdout.strip()[-300:]}
 
 
 def main(argv):
@@ -139,10 +142,11 @@ def main(argv):
     if FLAGS.output:
       with open(FLAGS.output, "a") as f:
         f.write(json.dumps(result) + "\n")
-  print(f"\n{'format':<9}{'file MB':>9}{'s':>8}{'MB/s':>7}{'rows':>10}{'peak tree RSS MB':>18}")
+  print(f"\n{'format':<9}{'file MB':>9}{'s':>8}{'MB/s':>7}{'rows':>10}{'dataset MB':>12}"
+        f"{'peak tree RSS MB':>18}")
   for r in results:
     print(f"{r['format']:<9}{r['file_mb']:>9}{r['seconds']:>8}{r['mb_per_s']:>7}"
-          f"{r['rows']:>10}{r['peak_tree_rss_mb']:>18}")
+          f"{r['rows']:>10}{r['dataset_mb']:>12}{r['peak_tree_rss_mb']:>18}")
 
 
 if __name__ == "__main__":

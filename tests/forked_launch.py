@@ -171,13 +171,12 @@ def run(command: list[str], *, cwd: str, env: dict[str, str] | None = None,
         timeout: float | None = None, capture_output: bool = True,
         text: bool = True) -> subprocess.CompletedProcess:
   """`subprocess.run(command, env=env, cwd=cwd, timeout=timeout, capture_output=True,
-  text=True)` for `command` = [sys.executable, SCRIPT, *args], run by a forked child (a plain
-  process at an environment's first launch)."""
+  text=True)`: for `command` = [sys.executable, SCRIPT.py, *args] a forked child (a plain
+  process at an environment's first launch), for any other command a plain process."""
   assert capture_output and text, "forked_launch.run captures text output only"
-  if command[0] != sys.executable or not command[1].endswith(".py"):
-    raise ValueError(f"forked_launch.run runs `{sys.executable} SCRIPT.py ...`, not {command}")
   env = dict(os.environ if env is None else env)
-  path = _server(env, cwd)
+  forkable = command[0] == sys.executable and command[1].endswith(".py")
+  path = _server(env, cwd) if forkable else None  # `python -c ...`: a plain process.
   if path is None:
     return subprocess.run(command, cwd=cwd, env=env, timeout=timeout, capture_output=True,
                           text=True, check=False)

@@ -146,6 +146,7 @@ _SHARED_BAD = [
 ]
 PRETRAINING_BAD = _SHARED_BAD + [
     ("model.vocab_size", 5), ("data.source", "gcs"), ("data.dataset_dir", None),
+    ("data.mixture", None), ("data.mixture_temperature", 0.0), ("data.mixture_phases", None),
     ("data.max_seq_length", 4), ("data.objective", "nsp"), ("data.max_examples_per_row", 0),
     ("data.short_seq_prob", 2.0), ("data.dupe_factor", 0), ("data.validation_fraction", 1.0),
     ("data.vocab_model_type", "wordpiece"), ("data.builtin_max_mb", -1.0),
@@ -302,6 +303,10 @@ def test_unavailable_attention_kernel_is_refused_before_any_work():
     (dict(mesh__data=-1, mesh__tensor=-1),
      "config.mesh.data=-1 and config.mesh.tensor=-1: at most one mesh axis"),
     (dict(data__source="prepared"), "config.data.dataset_dir is empty: config.data.source="),
+    (dict(data__mixture="a:1,b:1"), "config.data.mixture='a:1,b:1' is read by "
+     "config.data.source='mixture' only"),
+    (dict(data__source="mixture", data__mixture="a:1,b:1", data__mixture_phases="0.5:1"),
+     "config.data.mixture_phases phase '0.5:1' gives 1 weights for 2 datasets"),
     (dict(data__validation_fraction=0.0), "config.data.validation_fraction=0.0 leaves the "
      "built-in corpus no validation split"),
     # The peak of a warmup-stable-decay schedule is never reached (#37).

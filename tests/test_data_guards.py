@@ -153,7 +153,7 @@ def test_a_shard_garbled_where_the_start_does_not_read_is_one_line_in_training(s
   with open(shard, "r+b") as f:
     f.seek(os.path.getsize(shard) // 2)
     f.write(b"\xff" * 64)
-  source = pipeline._split_source(copy, blocks.TRAIN)  # pylint: disable=protected-access
+  source = pipeline.split_source(copy, blocks.TRAIN)
   with pytest.raises(ValueError) as error:
     pipeline.read_rows(source, range(len(source)), copy, blocks.TRAIN)
   assert _one_line(error).startswith(f"Prepared dataset {copy}: shard {shard} (record "), (

@@ -26,6 +26,7 @@ from bert_jax.downstream import suite as downstream, tasks as suites
 from bert_jax.data.vocab import Vocab
 from bert_jax.models.model import BertConfig, BertModel
 from configs import finetune_base
+from tests import forked_launch
 from tests.suite_flags import xla_flags
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -38,7 +39,6 @@ MOCKED = """
 import runpy, sys
 import numpy as np
 import tensorflow_datasets as tfds
-from tests import forked_launch
 
 class Scalars:
   def __init__(self, source):

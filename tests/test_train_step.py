@@ -122,7 +122,7 @@ def test_train_step_compiles_once(single_device_run):
   assert step._cache_size() == 1  # Three steps, one executable.
 
 
-def test_a_training_compiles_its_train_step_once(tmp_path, caplog, one_device):
+def test_a_training_compiles_its_train_step_once(tmp_path, caplog):
   """The trainer compiles its step ahead of time (for the memory and FLOPs lines) and then
   calls that executable: the first step does not compile the same program again (it did, up to
   e902ee2: two compiles of each run's step, ~2 s on a tiny CPU model, minutes for a large one on
