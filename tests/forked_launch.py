@@ -20,6 +20,7 @@ another environment. Tests that signal a launcher mid-run (`Popen`) start real p
 
 import atexit
 import hashlib
+import io
 import json
 import os
 import runpy
@@ -215,6 +216,72 @@ def run(command: list[str], *, cwd: str, env: dict[str, str] | None = None,
       reader.join()
   return subprocess.CompletedProcess(command, returncode, _text(outputs[out_read]),
                                      _text(outputs[err_read]))
+
+
+class Child:
+  """`subprocess.Popen(command, stdout=PIPE, stderr=STDOUT, text=True)`'s face of a forked
+  launch: `pid` (signal it), `stdout` (its text, stderr merged), `poll`, `wait`,
+  `communicate`, `send_signal`, `kill`, `terminate`, `returncode`."""
+
+  def __init__(self, command: list[str], path: str, env: dict[str, str], cwd: str):
+    self.args = command
+    read, write = os.pipe()
+    stdin = os.open(os.devnull, os.O_RDONLY)
+    payload = json.dumps({"argv": command[1:], "env": env, "cwd": cwd}).encode()
+    self._conn = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    self._conn.connect(path)
+    socket.send_fds(self._conn, [_LENGTH.pack(len(payload))], [stdin, write, write])
+    self._conn.sendall(payload)
+    for fd in (stdin, write):
+      os.close(fd)
+    self.stdout = io.TextIOWrapper(os.fdopen(read, "rb"), encoding="utf-8")
+    self._replies = self._conn.makefile("r")
+    self.pid = int(self._replies.readline())
+    self.returncode: int | None = None
+    self._done = threading.Event()
+    threading.Thread(target=self._wait_for_status, daemon=True).start()
+
+  def _wait_for_status(self) -> None:
+    line = self._replies.readline()
+    self.returncode = int(line) if line else -9
+    self._conn.close()
+    self._done.set()
+
+  def poll(self) -> int | None:
+    return self.returncode
+
+  def wait(self, timeout: float | None = None) -> int:
+    if not self._done.wait(timeout):
+      raise subprocess.TimeoutExpired(self.args, timeout)
+    return self.returncode
+
+  def communicate(self, timeout: float | None = None) -> tuple[str, None]:
+    rest = self.stdout.read()  # Until the child (the pipe's only writer) has exited.
+    self.wait(timeout)
+    return rest, None
+
+  def send_signal(self, signum: int) -> None:
+    if self.returncode is None:
+      os.kill(self.pid, signum)
+
+  def kill(self) -> None:
+    self.send_signal(9)
+
+  def terminate(self) -> None:
+    self.send_signal(15)
+
+
+def popen(command: list[str], *, cwd: str, env: dict[str, str] | None = None):
+  """`subprocess.Popen(command, cwd=cwd, env=env, stdout=PIPE, stderr=STDOUT, text=True)`: a
+  forked `Child` for [sys.executable, SCRIPT.py, *args] once the environment has a server, a
+  plain process otherwise."""
+  env = dict(os.environ if env is None else env)
+  forkable = command[0] == sys.executable and command[1].endswith(".py")
+  path = _server(env, cwd) if forkable else None
+  if path is None:
+    return subprocess.Popen(command, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, text=True)
+  return Child(command, path, env, cwd)
 
 
 if __name__ == "__main__":

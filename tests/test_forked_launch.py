@@ -43,3 +43,33 @@ def test_a_forked_launch_ends_as_its_own_process_would(tmp_path):
     assert forked.stdout.endswith("thread joined\natexit ran\n")
     assert forked_launch.serving(env)
   assert real.returncode == 1 and real.stderr.splitlines()[-1] == "ValueError: boom"
+
+
+WAITER = textwrap.dedent("""\
+    import signal, sys, time
+    def stop(signum, frame):
+      print("stopping on", signum, flush=True)
+      sys.exit(7)
+    signal.signal(signal.SIGTERM, stop)
+    print("waiting", flush=True)
+    time.sleep(60)
+    """)
+
+
+def test_a_forked_child_takes_signals_as_a_popen_does(tmp_path):
+  """`forked_launch.popen`: the output as it comes, the child's own handler on SIGTERM and its
+  status, -9 after SIGKILL; the first launch of an environment a plain Popen."""
+  script = tmp_path / "waiter.py"
+  script.write_text(WAITER)
+  env = dict(os.environ, FORKED_PROBE="popen")
+  first = forked_launch.popen([sys.executable, str(script)], cwd=str(tmp_path), env=env)
+  assert isinstance(first, subprocess.Popen)
+  first.kill()
+  first.wait()
+  for signum, status, said in ((15, 7, "stopping on 15\n"), (9, -9, "")):
+    child = forked_launch.popen([sys.executable, str(script)], cwd=str(tmp_path), env=env)
+    assert isinstance(child, forked_launch.Child)
+    assert child.stdout.readline() == "waiting\n" and child.poll() is None
+    child.send_signal(signum)
+    rest, _ = child.communicate(timeout=30)
+    assert (child.returncode, rest) == (status, said)

@@ -110,7 +110,6 @@ def test_each_host_reads_its_rows_of_the_global_batch(datasets):
 
 
 def _launch_mixture(workdir, datasets, *flags, wait=True):
-  import subprocess  # pylint: disable=import-outside-toplevel
   import sys  # pylint: disable=import-outside-toplevel
   from tests import forked_launch  # pylint: disable=import-outside-toplevel
   command = [sys.executable, os.path.join(ROOT, "launch", "train.py"), f"--workdir={workdir}",
@@ -126,8 +125,7 @@ def _launch_mixture(workdir, datasets, *flags, wait=True):
              f"--config.train.num_train_steps={STEPS}", f"--config.train.eval_every_steps={STEPS}",
              "--config.logging.tensorboard=false", *flags]
   if not wait:
-    return subprocess.Popen(command, cwd=ROOT, env=_env(), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return forked_launch.popen(command, cwd=ROOT, env=_env())
   return forked_launch.run(command, cwd=ROOT, env=_env(), timeout=300)
 
 

@@ -7,7 +7,6 @@ import os
 import shutil
 import signal
 import socket
-import subprocess
 import sys
 import time
 
@@ -17,6 +16,7 @@ from bert_jax import train
 from bert_jax.data import builtin, packing, pipeline
 from configs import tiny
 from test_train_e2e import ROOT, TINY, _checkpoint_steps, _launch, _train_losses
+from tests import forked_launch
 from tests.suite_flags import xla_flags
 
 STEPS = 9
@@ -40,8 +40,7 @@ def _start_processes(workdir, dataset_dir, *flags, num_processes=2, heartbeat=10
                f"--config.train.num_train_steps={steps}", "--config.checkpoint.save_every_steps=3",
                f"--coordinator_address=127.0.0.1:{port}", f"--num_processes={num_processes}",
                f"--process_id={index}", f"--heartbeat_timeout={heartbeat}", *flags]
-    processes.append(subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.STDOUT, text=True))
+    processes.append(forked_launch.popen(command, cwd=ROOT, env=env))
   return processes
 
 

@@ -48,8 +48,7 @@ def _launch(workdir, *flags, wait=True, timeout=300, devices=1):
   command = [sys.executable, os.path.join(ROOT, "launch/train.py"), f"--workdir={workdir}",
              *TINY, *flags]
   if not wait:
-    return subprocess.Popen(command, cwd=ROOT, env=_env(devices), stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return forked_launch.popen(command, cwd=ROOT, env=_env(devices))
   return forked_launch.run(command, cwd=ROOT, env=_env(devices), capture_output=True, text=True,
                         timeout=timeout)
 
