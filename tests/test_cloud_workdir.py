@@ -7,7 +7,6 @@ import json
 import os
 import random
 import signal
-import subprocess
 import sys
 import time
 
@@ -48,8 +47,7 @@ def _launch(workdir, bucket, *flags, wait=True):
   command = [sys.executable, os.path.join(ROOT, "launch/train.py"), f"--workdir={workdir}",
              *FLAGS, f"--config.data.builtin_cache_dir={cache}", *flags]
   if not wait:
-    return subprocess.Popen(command, cwd=ROOT, env=environment, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return forked_launch.popen(command, cwd=ROOT, env=environment)
   return forked_launch.run(command, cwd=ROOT, env=environment, capture_output=True, text=True,
                         timeout=300)
 

@@ -847,8 +847,7 @@ def test_finetuning_resumes_after_sigkill_bit_identically(tmp_path):
                             timeout=300)
       assert done.returncode == 0, done.stderr[-3000:]
       return None
-    return subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                            stderr=subprocess.STDOUT, text=True)
+    return forked_launch.popen(command, cwd=ROOT, env=env)
 
   reference, workdir = str(tmp_path / "reference"), str(tmp_path / "killed")
   launch(reference)
