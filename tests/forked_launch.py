@@ -115,6 +115,7 @@ _SOCKETS = tempfile.mkdtemp(prefix="bert_jax_forked_launch_")
 def _stop(process: subprocess.Popen) -> None:
   process.kill()
   process.wait()
+  process.stdout.close()  # Its stderr is read to its end by a thread, which closes nothing.
 
 
 def _stop_servers() -> None:

@@ -30,7 +30,7 @@ from bert_jax.models import model as model_lib
 from bert_jax.models.model import BertConfig
 from bert_jax.weights import files, tf_bundle
 from bert_jax.weights import params as params_lib
-from tests import tf_bundle_writer
+from tests import forked_launch, tf_bundle_writer
 from tests.test_finetune import ROOT, SPECIALS, _write_vocab
 from tests.suite_flags import xla_flags
 
@@ -117,19 +117,12 @@ def _snapshot(directory) -> dict[str, bytes]:
 
 
 def _launch_all(runs: dict[str, list[str]]) -> dict[str, subprocess.CompletedProcess]:
-  """Launchers side by side: name -> [script, *args] -> name -> finished process, on one CPU
-  device each (as test_finetune._launch)."""
-  env = dict(os.environ, XLA_FLAGS=xla_flags(1),
-             JAX_PLATFORMS="cpu")
-  started = {name: subprocess.Popen([sys.executable, os.path.join(ROOT, "launch", script),
-                                     *args], cwd=ROOT, env=env, stdout=subprocess.PIPE,
-                                    stderr=subprocess.PIPE, text=True)
-             for name, (script, *args) in runs.items()}
-  done = {}
-  for name, process in started.items():
-    stdout, stderr = process.communicate(timeout=240)
-    done[name] = subprocess.CompletedProcess(process.args, process.returncode, stdout, stderr)
-  return done
+  """Launchers, one after another: name -> [script, *args] -> name -> finished process, on one
+  CPU device each (as test_finetune._launch), forked (`tests/forked_launch.py`)."""
+  env = dict(os.environ, XLA_FLAGS=xla_flags(1), JAX_PLATFORMS="cpu")
+  return {name: forked_launch.run([sys.executable, os.path.join(ROOT, "launch", script), *args],
+                                  cwd=ROOT, env=env, timeout=240)
+          for name, (script, *args) in runs.items()}
 
 
 def _error_line(result: subprocess.CompletedProcess, status: int) -> str:
