@@ -179,9 +179,12 @@ def describe(output_dir: str, meta: dict[str, Any]) -> str:
   """One line on a prepared dataset: rows, examples, fill rate, vocabulary, layout, time."""
   train, validation = meta["splits"]["train"], meta["splits"]["validation"]
   read = meta.get("corpus_stats") or {}
-  dropped = [f"{read[name]:,} {what}" for name, what in (
-      ("duplicate_documents", "documents that repeat another's text"),
-      ("empty_records", "records without text")) if read.get(name)]
+  dropped = [f"{read[name]:,} {what if read[name] == 1 else plural}"
+             for name, what, plural in (
+                 ("duplicate_documents", "document that repeats another's text",
+                  "documents that repeat another's text"),
+                 ("empty_records", "record without text", "records without text"))
+             if read.get(name)]
   return (f"Prepared {output_dir} ({meta['objective']}): {train['rows']} train rows "
           f"({train['examples']} examples, {train['fill_rate']:.1%} real tokens) / "
           f"{validation['rows']} validation rows, vocab {meta['vocab_size']} "
