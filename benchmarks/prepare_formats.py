@@ -24,11 +24,9 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
-import time
 
 from absl import app, flags
-from proc_rss import tree_rss_bytes
+from proc_rss import run_with_peak_rss
 
 flags.DEFINE_float("size_mb", 1000, "Corpus text in MB (the bert-format file's size).")
 flags.DEFINE_list("formats", ["text", "jsonl", "parquet"], "What to prepare, in this order.")
@@ -96,23 +94,9 @@ def _measure(fmt: str, path: str, vocab_file: str) -> dict:
              f"--output_dir={output}", f"--vocab={vocab_file}", "--max_seq_length=128",
              "--max_examples_per_row=4", f"--dupe_factor={FLAGS.dupe_factor}",
              f"--num_workers={FLAGS.num_workers}", "--validation_fraction=0.01"]
-  start = time.time()
-  process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                             cwd=ROOT)
-  peak = [0]
-
-  def sample() -> None:
-    while process.poll() is None:
-      peak[0] = max(peak[0], tree_rss_bytes(process.pid)[0])
-      time.sleep(0.05)
-
-  sampler = threading.Thread(target=sample, daemon=True)
-  sampler.start()
-  stdout, stderr = process.communicate()
-  seconds = time.time() - start
-  sampler.join()
-  if process.returncode:
-    raise RuntimeError(f"{fmt}: preparation failed:\n{stderr[-3000:]}")
+  done, seconds, peak = run_with_peak_rss(command, ROOT)
+  if done.returncode:
+    raise RuntimeError(f"{fmt}: preparation failed:\n{done.stderr[-3000:]}")
   with open(os.path.join(output, "bert_meta.json")) as f:
     meta = json.load(f)
   dataset_bytes = sum(os.path.getsize(os.path.join(d, n))
@@ -122,8 +106,8 @@ def _measure(fmt: str, path: str, vocab_file: str) -> dict:
           "seconds": round(seconds, 1), "rows": sum(s["rows"] for s in meta["splits"].values()),
           "documents": meta["corpus_stats"]["documents"],
           "duplicate_documents": meta["corpus_stats"]["duplicate_documents"],
-          "peak_tree_rss_mb": round(peak[0] / 2**20, 1),
-          "dataset_mb": round(dataset_bytes / 1e6, 1), "line": stdout.strip()[-300:]}
+          "peak_tree_rss_mb": round(peak / 2**20, 1),
+          "dataset_mb": round(dataset_bytes / 1e6, 1), "line": done.stdout.strip()[-300:]}
 
 
 def main(argv):

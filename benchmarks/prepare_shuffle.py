@@ -22,11 +22,9 @@ import os
 import shutil
 import subprocess
 import sys
-import threading
-import time
 
 from absl import app, flags
-from proc_rss import tree_rss_bytes
+from proc_rss import run_with_peak_rss
 
 flags.DEFINE_string("baseline_repo", "", "Another bert_jax checkout to measure side by side.")
 flags.DEFINE_list("sizes_mb", ["20", "100"], "Corpus sizes in MB.")
@@ -119,26 +117,15 @@ def _corpora() -> tuple[dict[float, str], str]:
 def _measure(repo: str, corpus_file: str, vocab_file: str) -> dict:
   output = os.path.join(FLAGS.work_dir, "out")
   shutil.rmtree(output, ignore_errors=True)
-  process = subprocess.Popen(
+  done, _, peak = run_with_peak_rss(
       [sys.executable, "-c", _WORKER, repo, vocab_file, corpus_file, output,
-       str(FLAGS.dupe_factor), str(FLAGS.num_workers)],
-      stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=repo)
-  peak = [0]
-
-  def sample() -> None:
-    while process.poll() is None:
-      peak[0] = max(peak[0], tree_rss_bytes(process.pid)[0])
-      time.sleep(0.05)
-
-  sampler = threading.Thread(target=sample, daemon=True)
-  sampler.start()
-  stdout, stderr = process.communicate()
-  sampler.join()
+       str(FLAGS.dupe_factor), str(FLAGS.num_workers)], repo)
   shutil.rmtree(output, ignore_errors=True)
-  if process.returncode:
-    raise RuntimeError(f"{repo}: preparation failed:\n{stderr[-3000:]}")
+  if done.returncode:
+    raise RuntimeError(f"{repo}: preparation failed:\n{done.stderr[-3000:]}")
+  stdout = done.stdout
   result = json.loads(stdout.strip().splitlines()[-1])
-  result["peak_tree_rss_mb"] = round(peak[0] / 2**20, 1)
+  result["peak_tree_rss_mb"] = round(peak / 2**20, 1)
   return result
 
 

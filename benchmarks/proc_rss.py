@@ -1,6 +1,10 @@
-"""Resident memory of a process tree, read from /proc (benchmarks/data.py, prepare_shuffle.py)."""
+"""Resident memory of a process tree, read from /proc (benchmarks/data.py, prepare_shuffle.py,
+prepare_formats.py)."""
 
 import os
+import subprocess
+import threading
+import time
 
 
 def tree_rss_bytes(root_pid: int) -> tuple[int, int]:
@@ -29,3 +33,26 @@ def tree_rss_bytes(root_pid: int) -> tuple[int, int]:
     except OSError:
       pass
   return total, largest
+
+
+def run_with_peak_rss(command: list[str], cwd: str, every: float = 0.05
+                      ) -> tuple[subprocess.CompletedProcess, float, int]:
+  """Runs `command` -> (its completed process, text output; wall seconds; the peak of the
+  summed VmRSS of it and its descendants, sampled every `every` s)."""
+  start = time.time()
+  process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                             cwd=cwd)
+  peak = [0]
+
+  def sample() -> None:
+    while process.poll() is None:
+      peak[0] = max(peak[0], tree_rss_bytes(process.pid)[0])
+      time.sleep(every)
+
+  sampler = threading.Thread(target=sample, daemon=True)
+  sampler.start()
+  stdout, stderr = process.communicate()
+  seconds = time.time() - start
+  sampler.join()
+  return (subprocess.CompletedProcess(command, process.returncode, stdout, stderr), seconds,
+          peak[0])

@@ -24,9 +24,9 @@ from bert_jax.data import beam  # noqa: E402
 from bert_jax.data import blocks  # noqa: E402
 from bert_jax.data import corpus  # noqa: E402
 from bert_jax.data import prepare  # noqa: E402
-from bert_jax.data import tfds_builder  # noqa: E402
 from bert_jax.data import vocab as vocab_lib  # noqa: E402
 from bert_jax.data import workers  # noqa: E402
+from tests.test_record_inputs import split_records  # noqa: E402
 
 WORDS = [f"w{i}" for i in range(200)]
 SETTINGS = blocks.ExampleSettings(
@@ -63,11 +63,7 @@ def _local(paths, vocab, settings, output_dir):
 
 
 def _records(dataset_dir: str) -> dict[str, list[bytes]]:
-  out = {}
-  for split in blocks.SPLITS:
-    source = tfds_builder.data_source(dataset_dir, split, raw=True)
-    out[split] = [source[i] for i in range(len(source))]
-  return out
+  return split_records(dataset_dir)
 
 
 def _without_time(meta: dict) -> dict:

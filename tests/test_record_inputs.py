@@ -61,7 +61,8 @@ def write_dataset_dir(directory: str, texts, field: str = "text") -> str:
   return directory
 
 
-def _records(dataset_dir: str) -> dict[str, list[bytes]]:
+def split_records(dataset_dir: str) -> dict[str, list[bytes]]:
+  """Every split's raw records, in order."""
   out = {}
   for split in blocks.SPLITS:
     source = tfds_builder.data_source(dataset_dir, split, raw=True)
@@ -111,7 +112,7 @@ def test_every_record_format_prepares_the_rows_of_the_same_text(texts_and_vocab,
   for name, (paths, source) in inputs_of.items():
     meta = _prepare(str(tmp_path / f"out_{name}"), paths, vocab_dir, **source)
     assert meta["corpus_stats"]["documents"] == len(texts), name
-    records = _records(str(tmp_path / f"out_{name}"))
+    records = split_records(str(tmp_path / f"out_{name}"))
     assert records["train"] and records["validation"], name
     reference = reference or records
     assert records == reference, name
@@ -134,7 +135,7 @@ def test_a_repeated_document_is_kept_once_and_counted(texts_and_vocab, tmp_path)
   assert (stats["duplicate_documents"], stats["empty_records"], stats["records"]) == (
       4, 2, len(texts) + 6)
   assert unique["corpus_stats"]["duplicate_documents"] == 0
-  assert _records(str(tmp_path / "repeated")) == _records(str(tmp_path / "unique"))
+  assert split_records(str(tmp_path / "repeated")) == split_records(str(tmp_path / "unique"))
   assert "Dropped 4 documents that repeat another's text and 2 records without text." in (
       sources.describe("out", meta))
 
@@ -216,7 +217,7 @@ def test_beam_prepares_the_local_records_of_record_files(texts_and_vocab, tmp_pa
       str(tmp_path / "beam"), sources.CorpusSource(input=paths),
       sources.VocabSource(path=vocab_dir), SETTINGS, beam_runner="DirectRunner",
       beam_options=["--direct_num_workers=1"])
-  assert _records(str(tmp_path / "beam")) == _records(str(tmp_path / "local"))
+  assert split_records(str(tmp_path / "beam")) == split_records(str(tmp_path / "local"))
   assert beamed["corpus_stats"] == local["corpus_stats"]
   assert local["corpus_stats"]["duplicate_documents"] == 6
 
