@@ -70,7 +70,9 @@ def test_the_full_modern_config_trains_and_resumes_bit_identically(runs):
 
 
 def test_a_modern_tiny_row_of_1024_tokens_trains(runs):
-  _assert_resumed_bit_identically(runs["modern_1024"])
+  straight = runs["modern_1024"]["straight"]
+  assert sorted(int(s) for s in straight) == list(range(1, modern_runs.STEPS + 1))
+  assert all(np.isfinite(v) for v in straight.values())
 
 
 # ------------------------------------------------------------------------- local attention
