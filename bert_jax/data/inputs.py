@@ -193,7 +193,7 @@ def _jsonl_texts(path: str, field: str,
           raise ValueError(f"Input file {path} {row}: field {field!r} is {_type_name(text)}, "
                            "not text.")
         yield row, text
-    except (EOFError, OSError, gzip.BadGzipFile) as e:
+    except (EOFError, OSError) as e:  # gzip.BadGzipFile is an OSError.
       raise ValueError(f"Input file {path} cannot be read: {e}") from None
 
 
